@@ -69,6 +69,9 @@ public:
     virtual void upload(const Tensor& dst, const void* host_src) = 0;    // dst.nbytes() bytes
     virtual void download(const Tensor& src, void* host_dst) = 0;        // src.nbytes() bytes
     virtual void synchronize() = 0;
+    // Device memory bandwidth measured now with a large copy: (bytes read + bytes written) /
+    // seconds, in GB/s (1e9). The roofline every benchmark compares against.
+    virtual double measure_copy_bandwidth_gbps() = 0;
 
     // ---- ops ----------------------------------------------------------------------------
     // out[t] = table[ids[t]], converted to out.dtype.
