@@ -1,0 +1,262 @@
+#include "models/decoder.h"
+
+#include "core/status.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace xinfer {
+namespace {
+
+// Weights keep their stored dtype where the backend computes with it directly (f32, bf16,
+// f16); block-scaled FP8 is dequantized to bf16 at load on the CPU backend.
+DType resident_dtype(DType stored) {
+    switch (stored) {
+        case DType::f32:
+        case DType::bf16:
+        case DType::f16: return stored;
+        default: return DType::bf16;
+    }
+}
+
+// Per-step activation memory; every tensor lives until the Scratch is destroyed.
+class Scratch {
+public:
+    explicit Scratch(Backend& backend) : backend_(backend) {}
+    Tensor make(DType dtype, std::initializer_list<int64_t> dims) {
+        Tensor t(nullptr, dtype, dims);
+        buffers_.push_back(backend_.alloc(std::max<size_t>(t.nbytes(), 1)));
+        t.data = buffers_.back().data();
+        return t;
+    }
+
+private:
+    Backend& backend_;
+    std::vector<Buffer> buffers_;
+};
+
+}  // namespace
+
+DecoderModel::DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend)
+    : config_(std::move(config)), backend_(backend) {
+    load_weights(checkpoint);
+}
+
+Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::initializer_list<int64_t> shape,
+                          bool keep_f32) {
+    const TensorInfo& info = checkpoint.info(name);
+    Tensor t(nullptr, keep_f32 ? DType::f32 : resident_dtype(info.dtype), shape);
+    buffers_.push_back(backend_.alloc(t.nbytes()));
+    t.data = buffers_.back().data();
+    std::vector<uint8_t> host(t.nbytes());
+    checkpoint.read(name, std::span<const int64_t>(shape.begin(), shape.size()), t.dtype, host.data());
+    backend_.upload(t, host.data());
+    return t;
+}
+
+// Experts come either stacked (transformers-native: experts.gate_up_proj [E, 2I, H] and
+// experts.down_proj [E, H, I]) or one tensor per expert and projection (hub checkpoints:
+// experts.E.{gate,up,down}_proj.weight). Both end up stacked as the grouped-expert op wants.
+Tensor DecoderModel::load_experts(Checkpoint& checkpoint, const std::string& prefix, int layer) {
+    const int64_t n_experts = config_.n_experts, hidden = config_.hidden_size, inter = config_.moe_intermediate_size;
+    LayerWeights& w = layers_[size_t(layer)];
+    if (checkpoint.has(prefix + "gate_up_proj")) {
+        w.experts_gate_up = load(checkpoint, prefix + "gate_up_proj", {n_experts, 2 * inter, hidden}, false);
+        w.experts_down = load(checkpoint, prefix + "down_proj", {n_experts, hidden, inter}, false);
+        return w.experts_gate_up;
+    }
+    const DType dtype = resident_dtype(checkpoint.info(prefix + "0.gate_proj.weight").dtype);
+    Tensor gate_up(nullptr, dtype, {n_experts, 2 * inter, hidden});
+    Tensor down(nullptr, dtype, {n_experts, hidden, inter});
+    std::vector<uint8_t> host_gate_up(gate_up.nbytes()), host_down(down.nbytes());
+    const size_t proj_bytes = size_t(inter * hidden) * dtype_size(dtype);
+    for (int64_t e = 0; e < n_experts; ++e) {
+        const std::string expert = prefix + std::to_string(e) + ".";
+        uint8_t* gate_dst = host_gate_up.data() + size_t(2 * e) * proj_bytes;
+        checkpoint.read(expert + "gate_proj.weight", {inter, hidden}, dtype, gate_dst);
+        checkpoint.read(expert + "up_proj.weight", {inter, hidden}, dtype, gate_dst + proj_bytes);
+        checkpoint.read(expert + "down_proj.weight", {hidden, inter}, dtype, host_down.data() + size_t(e) * proj_bytes);
+    }
+    for (auto [tensor, host] : {std::pair{&gate_up, &host_gate_up}, std::pair{&down, &host_down}}) {
+        buffers_.push_back(backend_.alloc(tensor->nbytes()));
+        tensor->data = buffers_.back().data();
+        backend_.upload(*tensor, host->data());
+    }
+    w.experts_gate_up = gate_up;
+    w.experts_down = down;
+    return gate_up;
+}
+
+void DecoderModel::load_weights(Checkpoint& checkpoint) {
+    const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
+    for (const std::string& prefix : config_.speculative_prefixes) checkpoint.skip_prefix(prefix);
+
+    embed_tokens_ = load(checkpoint, "model.embed_tokens.weight", {vocab, hidden}, false);
+    final_norm_ = load(checkpoint, "model.norm.weight", {hidden}, true);
+    if (config_.tie_word_embeddings) {
+        lm_head_ = embed_tokens_;
+        checkpoint.skip_prefix("lm_head.weight");  // some exporters write the tied copy anyway
+    } else {
+        lm_head_ = load(checkpoint, "lm_head.weight", {vocab, hidden}, false);
+    }
+
+    layers_.resize(config_.layers.size());
+    for (size_t i = 0; i < config_.layers.size(); ++i) {
+        const LayerSpec& spec = config_.layers[i];
+        LayerWeights& w = layers_[i];
+        const std::string p = "model.layers." + std::to_string(i) + ".";
+        w.input_norm = load(checkpoint, p + "input_layernorm.weight", {hidden}, true);
+        w.post_attn_norm = load(checkpoint, p + "post_attention_layernorm.weight", {hidden}, true);
+        w.q_proj = load(checkpoint, p + "self_attn.q_proj.weight", {spec.n_q_heads * spec.head_dim_k, hidden}, false);
+        w.k_proj = load(checkpoint, p + "self_attn.k_proj.weight", {spec.n_kv_heads * spec.head_dim_k, hidden}, false);
+        w.v_proj = load(checkpoint, p + "self_attn.v_proj.weight", {spec.n_kv_heads * spec.head_dim_v, hidden}, false);
+        w.o_proj = load(checkpoint, p + "self_attn.o_proj.weight", {hidden, spec.n_q_heads * spec.head_dim_v}, false);
+        if (config_.qk_norm) {
+            w.q_norm = load(checkpoint, p + "self_attn.q_norm.weight", {spec.head_dim_k}, true);
+            w.k_norm = load(checkpoint, p + "self_attn.k_norm.weight", {spec.head_dim_k}, true);
+        }
+        if (spec.has_sinks) {
+            // Hub checkpoints name it attention_sink_bias; transformers-native ones sinks.
+            const std::string hub_name = p + "self_attn.attention_sink_bias";
+            w.sinks = load(checkpoint, checkpoint.has(hub_name) ? hub_name : p + "self_attn.sinks", {spec.n_q_heads}, true);
+        }
+        if (spec.ffn == FfnKind::dense) {
+            const int64_t inter = config_.intermediate_size;
+            const DType dtype = resident_dtype(checkpoint.info(p + "mlp.gate_proj.weight").dtype);
+            Tensor gate_up(nullptr, dtype, {2 * inter, hidden});
+            std::vector<uint8_t> host(gate_up.nbytes());
+            checkpoint.read(p + "mlp.gate_proj.weight", {inter, hidden}, dtype, host.data());
+            checkpoint.read(p + "mlp.up_proj.weight", {inter, hidden}, dtype, host.data() + gate_up.nbytes() / 2);
+            buffers_.push_back(backend_.alloc(gate_up.nbytes()));
+            gate_up.data = buffers_.back().data();
+            backend_.upload(gate_up, host.data());
+            w.gate_up = gate_up;
+            w.down = load(checkpoint, p + "mlp.down_proj.weight", {hidden, inter}, false);
+        } else {
+            w.router = load(checkpoint, p + "mlp.gate.weight", {config_.n_experts, hidden}, true);
+            if (config_.router_bias)
+                w.router_bias = load(checkpoint, p + "mlp.gate.e_score_correction_bias", {config_.n_experts}, true);
+            load_experts(checkpoint, p + "mlp.experts.", int(i));
+        }
+    }
+    checkpoint.finish();
+}
+
+std::map<DType, uint64_t> DecoderModel::weight_bytes() const {
+    std::map<DType, uint64_t> bytes;
+    // Buffers do not record dtypes, so sum over the tensors (tied lm_head counted once).
+    auto add = [&](const Tensor& t) {
+        if (t.data) bytes[t.dtype] += t.nbytes();
+    };
+    add(embed_tokens_);
+    add(final_norm_);
+    if (!config_.tie_word_embeddings) add(lm_head_);
+    for (const LayerWeights& w : layers_) {
+        for (const Tensor* t : {&w.input_norm, &w.post_attn_norm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.q_norm,
+                                &w.k_norm, &w.sinks, &w.gate_up, &w.down, &w.router, &w.router_bias,
+                                &w.experts_gate_up, &w.experts_down})
+            add(*t);
+    }
+    return bytes;
+}
+
+void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
+    const int64_t n_tokens = batch.n_tokens, hidden = config_.hidden_size;
+    XINFER_CHECK(batch.layer_group.size() == config_.layers.size() && batch.caches.size() == config_.layers.size(),
+                 "batch has {} layer groups / {} caches for {} layers", batch.layer_group.size(), batch.caches.size(),
+                 config_.layers.size());
+    const float eps = config_.rms_norm_eps;
+    Scratch scratch(backend_);
+    auto tap = [&](std::string_view name, int layer, const Tensor& t) {
+        if (batch.tap) batch.tap(name, layer, t);
+    };
+
+    Tensor residual = scratch.make(DType::f32, {n_tokens, hidden});  // the residual stream x
+    Tensor normed = scratch.make(DType::f32, {n_tokens, hidden});    // RMSNorm(x), input of each block
+    Tensor block_out = scratch.make(DType::f32, {n_tokens, hidden}); // output of the last block
+    backend_.embedding(embed_tokens_, batch.token_ids, residual);
+    tap("embedding", -1, residual);
+
+    for (size_t il = 0; il < config_.layers.size(); ++il) {
+        const LayerSpec& spec = config_.layers[il];
+        const LayerWeights& w = layers_[il];
+        const int layer = int(il);
+        const int64_t n_q = spec.n_q_heads, n_kv = spec.n_kv_heads, dk = spec.head_dim_k, dv = spec.head_dim_v;
+
+        // ---- attention ----
+        if (il == 0) backend_.rmsnorm(residual, w.input_norm, eps, normed);
+        else backend_.add_rmsnorm(residual, block_out, w.input_norm, eps, normed);
+        tap("attn_input", layer, normed);
+
+        Tensor q = scratch.make(DType::f32, {n_tokens, n_q, dk});
+        Tensor k = scratch.make(DType::f32, {n_tokens, n_kv, dk});
+        Tensor v = scratch.make(DType::f32, {n_tokens, n_kv, dv});
+        backend_.matmul(normed, w.q_proj, q.reshape({n_tokens, n_q * dk}));
+        backend_.matmul(normed, w.k_proj, k.reshape({n_tokens, n_kv * dk}));
+        backend_.matmul(normed, w.v_proj, v.reshape({n_tokens, n_kv * dv}));
+        if (config_.qk_norm) {
+            backend_.rmsnorm(q.reshape({n_tokens * n_q, dk}), w.q_norm, eps, q.reshape({n_tokens * n_q, dk}));
+            backend_.rmsnorm(k.reshape({n_tokens * n_kv, dk}), w.k_norm, eps, k.reshape({n_tokens * n_kv, dk}));
+        }
+        const RopeParams rope{spec.rotary_dim, spec.rope_theta};
+        backend_.rope(q, batch.positions, rope);
+        backend_.rope(k, batch.positions, rope);
+        if (config_.value_scale != 1.f) backend_.scale(v, config_.value_scale);
+        tap("q", layer, q);
+        tap("k", layer, k);
+        tap("v", layer, v);
+
+        const AttentionBatch& group = batch.groups[size_t(batch.layer_group[il])];
+        const LayerCache& cache = batch.caches[il];
+        backend_.kv_store(k, v, cache.k, cache.v, group);
+        AttentionParams params;
+        params.n_q_heads = spec.n_q_heads;
+        params.n_kv_heads = spec.n_kv_heads;
+        params.head_dim_k = spec.head_dim_k;
+        params.head_dim_v = spec.head_dim_v;
+        params.softmax_scale = float(1.0 / std::sqrt(double(dk)));
+        params.window = spec.window;
+        params.causal = true;
+        params.page_size = int(cache.k.dim(1));
+        Tensor attn = scratch.make(DType::f32, {n_tokens, n_q, dv});
+        backend_.attention(q, cache.k, cache.v, w.sinks, group, params, attn);
+        tap("attn_output", layer, attn);
+        backend_.matmul(attn.reshape({n_tokens, n_q * dv}), w.o_proj, block_out);
+        tap("attn_proj", layer, block_out);
+
+        // ---- feed-forward ----
+        backend_.add_rmsnorm(residual, block_out, w.post_attn_norm, eps, normed);
+        tap("ffn_input", layer, normed);
+        if (spec.ffn == FfnKind::dense) {
+            const int64_t inter = config_.intermediate_size;
+            Tensor gate_up = scratch.make(DType::f32, {n_tokens, 2 * inter});
+            Tensor act = scratch.make(DType::f32, {n_tokens, inter});
+            backend_.matmul(normed, w.gate_up, gate_up);
+            backend_.swiglu(gate_up, act);
+            backend_.matmul(act, w.down, block_out);
+        } else {
+            const int64_t top_k = config_.router.top_k;
+            Tensor router_logits = scratch.make(DType::f32, {n_tokens, config_.n_experts});
+            Tensor expert_ids = scratch.make(DType::i32, {n_tokens, top_k});
+            Tensor expert_weights = scratch.make(DType::f32, {n_tokens, top_k});
+            backend_.matmul(normed, w.router, router_logits);
+            tap("router_logits", layer, router_logits);
+            backend_.moe_route(router_logits, w.router_bias, config_.router, expert_ids, expert_weights);
+            tap("expert_ids", layer, expert_ids);
+            tap("expert_weights", layer, expert_weights);
+            backend_.moe_experts(normed, expert_ids, expert_weights, w.experts_gate_up, w.experts_down, block_out);
+        }
+        tap("ffn_output", layer, block_out);
+    }
+
+    // Final norm (after the last block's residual add), then logits for the requested rows.
+    backend_.add_rmsnorm(residual, block_out, final_norm_, eps, normed);
+    tap("final_norm", -1, normed);
+    const int64_t n_out = batch.logit_rows.numel();
+    Tensor selected = scratch.make(DType::f32, {n_out, hidden});
+    backend_.embedding(normed, batch.logit_rows, selected);  // row gather: same op as a table lookup
+    backend_.matmul(selected, lm_head_, logits);
+    tap("logits", -1, logits);
+}
+
+}  // namespace xinfer

@@ -1,0 +1,55 @@
+// The decoder shared by every supported architecture: pre-norm layers of attention (full or
+// sliding, optional sinks, q/k norm, partial RoPE, value scale, Q/K ≠ V head dims) and a dense
+// SwiGLU or routed-expert FFN, all driven by the per-layer LayerSpec vectors of ModelConfig.
+#pragma once
+
+#include "models/model.h"
+
+#include <map>
+#include <vector>
+
+namespace xinfer {
+
+struct LayerWeights {
+    Tensor input_norm;      // [hidden] f32
+    Tensor post_attn_norm;  // [hidden] f32
+    Tensor q_proj;          // [n_q * dk, hidden]
+    Tensor k_proj;          // [n_kv * dk, hidden]
+    Tensor v_proj;          // [n_kv * dv, hidden]
+    Tensor o_proj;          // [hidden, n_q * dv]
+    Tensor q_norm, k_norm;  // [dk] f32 (qk_norm models only)
+    Tensor sinks;           // [n_q] f32 (layers with sinks only)
+    // Dense FFN.
+    Tensor gate_up;         // [2 * intermediate, hidden]: gate rows then up rows
+    Tensor down;            // [hidden, intermediate]
+    // MoE FFN.
+    Tensor router;          // [n_experts, hidden] f32
+    Tensor router_bias;     // [n_experts] f32 (selection only)
+    Tensor experts_gate_up; // [n_experts, 2 * moe_intermediate, hidden]
+    Tensor experts_down;    // [n_experts, hidden, moe_intermediate]
+};
+
+class DecoderModel final : public Model {
+public:
+    // Loads every tensor strictly (Checkpoint::finish is called at the end).
+    DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend);
+
+    const ModelConfig& config() const override { return config_; }
+    void forward(const ForwardBatch& batch, const Tensor& logits) override;
+    std::map<DType, uint64_t> weight_bytes() const override;
+
+private:
+    void load_weights(Checkpoint& checkpoint);
+    Tensor load(Checkpoint& checkpoint, const std::string& name, std::initializer_list<int64_t> shape, bool keep_f32);
+    Tensor load_experts(Checkpoint& checkpoint, const std::string& prefix, int layer);
+
+    ModelConfig config_;
+    Backend& backend_;
+    std::vector<Buffer> buffers_;  // owns every weight
+    Tensor embed_tokens_;          // [vocab, hidden]
+    Tensor final_norm_;            // [hidden] f32
+    Tensor lm_head_;               // [vocab, hidden] (the embedding when tied)
+    std::vector<LayerWeights> layers_;
+};
+
+}  // namespace xinfer

@@ -1,0 +1,105 @@
+// The model interface: per-layer hyper-parameters read from config.json, the KV layer groups a
+// model needs, the ForwardBatch a step passes in, and the registry that maps config.json's
+// `architectures[0]` to a model.
+#pragma once
+
+#include "backend/backend.h"
+#include "loader/checkpoint.h"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace xinfer {
+
+enum class AttentionKind { full, sliding };
+enum class FfnKind { dense, moe };
+
+// Everything that may differ between layers lives here, never in `if (layer == 0)` code.
+struct LayerSpec {
+    AttentionKind attention = AttentionKind::full;
+    int n_q_heads = 0;
+    int n_kv_heads = 0;
+    int head_dim_k = 0;     // Q/K
+    int head_dim_v = 0;     // V (MiMo: 128 vs 192)
+    int window = 0;         // sliding layers: keys p-window+1..p (window keys including self)
+    bool has_sinks = false; // one learned extra softmax logit per query head
+    float rope_theta = 10000.f;
+    int rotary_dim = 0;     // partial rotary: first rotary_dim dims of each Q/K head
+    FfnKind ffn = FfnKind::dense;
+};
+
+struct ModelConfig {
+    std::string architecture;  // config.json architectures[0]
+    int64_t vocab_size = 0;
+    int64_t hidden_size = 0;
+    int64_t intermediate_size = 0;      // dense SwiGLU width
+    int64_t moe_intermediate_size = 0;  // per-expert SwiGLU width
+    int n_experts = 0;
+    float rms_norm_eps = 1e-6f;
+    bool tie_word_embeddings = false;
+    bool qk_norm = false;        // Qwen3: RMSNorm over each Q/K head before RoPE
+    float value_scale = 1.f;     // MiMo: V multiplied by this before it is cached
+    bool router_bias = false;    // e_score_correction_bias present (selection only)
+    RouterParams router;
+    int64_t max_position_embeddings = 0;
+    std::vector<LayerSpec> layers;
+    // Tensor-name prefixes present in checkpoints but only used by speculation (MTP heads).
+    std::vector<std::string> speculative_prefixes;
+};
+
+// One KV layer group: layers sharing attention kind and cache geometry share page tables.
+struct KvGroupSpec {
+    AttentionKind kind = AttentionKind::full;
+    int window = 0;
+    int n_kv_heads = 0;
+    int head_dim_k = 0;
+    int head_dim_v = 0;
+    std::vector<int> layers;
+};
+std::vector<KvGroupSpec> kv_groups_for(const ModelConfig& config);
+
+// A layer's cache storage.
+struct LayerCache {
+    Tensor k;  // [pages, page_size, n_kv, head_dim_k]
+    Tensor v;  // [pages, page_size, n_kv, head_dim_v]
+};
+
+// Called for every named intermediate when set; costs nothing when empty. layer = -1 for
+// tensors outside the decoder layers. The tensor is valid only during the call.
+using TapFn = std::function<void(std::string_view name, int layer, const Tensor& value)>;
+
+// Everything one forward step needs, passed explicitly (no global batch state).
+struct ForwardBatch {
+    int n_tokens = 0;
+    Tensor token_ids;                    // [n_tokens] i32
+    Tensor positions;                    // [n_tokens] i32 (same tensor as groups[g].positions)
+    std::vector<AttentionBatch> groups;  // one per KvGroupSpec, same order as kv_groups_for()
+    std::vector<int> layer_group;        // [n_layers] group index of each layer
+    std::vector<LayerCache> caches;      // [n_layers]
+    Tensor logit_rows;                   // [n_out] i32: which token rows produce logits
+    TapFn tap;
+};
+
+class Model {
+public:
+    virtual ~Model() = default;
+    virtual const ModelConfig& config() const = 0;
+    // Runs the decoder over the batch, writing K/V into the caches and logits for the
+    // requested rows into `logits` ([n_out, vocab] f32 on the model's backend).
+    virtual void forward(const ForwardBatch& batch, const Tensor& logits) = 0;
+    // Bytes of weights held on the device, by dtype.
+    virtual std::map<DType, uint64_t> weight_bytes() const = 0;
+};
+
+// Reads config.json of `dir` into a ModelConfig (both MiMo dialects, Qwen3, Qwen3-MoE).
+// Unknown architectures are an error listing the supported ones.
+ModelConfig read_model_config(const Checkpoint& checkpoint);
+// Loads the weights strictly onto `backend`.
+std::unique_ptr<Model> load_model(Checkpoint& checkpoint, Backend& backend);
+std::vector<std::string> supported_architectures();
+
+}  // namespace xinfer

@@ -1,0 +1,33 @@
+// Batch generation on top of the Runner: (chunked) prefill of every prompt, then decode steps
+// for all unfinished sequences together. The serving engine with a scheduler replaces this
+// loop for online use; the CLI and the model tests use it directly.
+#pragma once
+
+#include "runtime/runner.h"
+#include "xinfer/sampling_params.h"
+
+#include <vector>
+
+namespace xinfer {
+
+struct GenerateOptions {
+    int max_tokens = 16;
+    SamplingParams sampling;          // sequence i uses seed sampling.seed + i
+    int64_t prefill_chunk = 0;        // 0: each prompt in one piece; else at most this many tokens per step
+    std::vector<int32_t> stop_ids;    // generation of a sequence ends after emitting one of these
+};
+
+struct GenerateResult {
+    std::vector<std::vector<int32_t>> tokens;  // generated ids per prompt
+    double prefill_seconds = 0;
+    double decode_seconds = 0;
+    int64_t decode_steps = 0;
+};
+
+GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& options);
+
+// Logits for every position of one prompt ([prompt.size(), vocab], row-major), computed in
+// prefill chunks of `prefill_chunk` tokens (0 = one piece).
+std::vector<float> prompt_logits(Runner& runner, const std::vector<int32_t>& prompt, int64_t prefill_chunk = 0);
+
+}  // namespace xinfer
