@@ -37,19 +37,67 @@ private:
 
 }  // namespace
 
-DecoderModel::DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend)
-    : config_(std::move(config)), backend_(backend) {
+DecoderModel::DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend, const LoadOptions& options)
+    : options_(options), config_(std::move(config)), backend_(backend) {
     load_weights(checkpoint);
+}
+
+Tensor DecoderModel::allocate(DType dtype, std::initializer_list<int64_t> shape) {
+    Tensor t(nullptr, dtype, shape);
+    buffers_.push_back(backend_.alloc(t.nbytes()));
+    t.data = buffers_.back().data();
+    return t;
+}
+
+// Dummy weights: uniform in ±1/sqrt(fan_in) for matrices (keeps activations O(1) through the
+// layers), 1 ± 0.1 for norm weights. Deterministic for a given seed and load order.
+void DecoderModel::fill_dummy(const Tensor& t, bool is_norm) {
+    const int64_t n = t.numel();
+    const uint64_t stream = options_.dummy_seed * 0x9e3779b97f4a7c15ull + (++dummy_counter_) * 0xbf58476d1ce4e5b9ull;
+    const float amplitude = is_norm ? 0.1f : 1.f / std::sqrt(float(t.cols()));
+    std::vector<float> values(size_t(n));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        uint64_t z = stream + uint64_t(i) * 0x94d049bb133111ebull;  // splitmix64 finaliser
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        const float unit = float(z >> 40) / float(1ull << 24) * 2.f - 1.f;  // [-1, 1)
+        values[size_t(i)] = (is_norm ? 1.f : 0.f) + amplitude * unit;
+    }
+    std::vector<uint8_t> host(t.nbytes());
+    convert_from_f32(values.data(), t.dtype, host.data(), n);
+    backend_.upload(t, host.data());
 }
 
 Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::initializer_list<int64_t> shape,
                           bool keep_f32) {
-    const TensorInfo& info = checkpoint.info(name);
-    Tensor t(nullptr, keep_f32 ? DType::f32 : resident_dtype(info.dtype), shape);
-    buffers_.push_back(backend_.alloc(t.nbytes()));
-    t.data = buffers_.back().data();
+    if (options_.dummy) {
+        Tensor t = allocate(keep_f32 ? DType::f32 : options_.dummy_dtype, shape);
+        fill_dummy(t, name.ends_with("norm.weight"));
+        return t;
+    }
+    Tensor t = allocate(keep_f32 ? DType::f32 : resident_dtype(checkpoint.info(name).dtype), shape);
     std::vector<uint8_t> host(t.nbytes());
     checkpoint.read(name, std::span<const int64_t>(shape.begin(), shape.size()), t.dtype, host.data());
+    backend_.upload(t, host.data());
+    return t;
+}
+
+Tensor DecoderModel::load_stacked(Checkpoint& checkpoint, const std::vector<std::string>& names,
+                                  std::initializer_list<int64_t> part_shape, std::initializer_list<int64_t> shape) {
+    if (options_.dummy) {
+        Tensor t = allocate(options_.dummy_dtype, shape);
+        fill_dummy(t, false);
+        return t;
+    }
+    Tensor t = allocate(resident_dtype(checkpoint.info(names.front()).dtype), shape);
+    XINFER_CHECK(t.nbytes() % names.size() == 0, "stacking {} tensors into {}", names.size(), t.shape_string());
+    const size_t part_bytes = t.nbytes() / names.size();
+    std::vector<uint8_t> host(t.nbytes());
+    for (size_t i = 0; i < names.size(); ++i)
+        checkpoint.read(names[i], std::span<const int64_t>(part_shape.begin(), part_shape.size()), t.dtype,
+                        host.data() + i * part_bytes);
     backend_.upload(t, host.data());
     return t;
 }
@@ -57,45 +105,34 @@ Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::
 // Experts come either stacked (transformers-native: experts.gate_up_proj [E, 2I, H] and
 // experts.down_proj [E, H, I]) or one tensor per expert and projection (hub checkpoints:
 // experts.E.{gate,up,down}_proj.weight). Both end up stacked as the grouped-expert op wants.
-Tensor DecoderModel::load_experts(Checkpoint& checkpoint, const std::string& prefix, int layer) {
+void DecoderModel::load_experts(Checkpoint& checkpoint, const std::string& prefix, LayerWeights& w) {
     const int64_t n_experts = config_.n_experts, hidden = config_.hidden_size, inter = config_.moe_intermediate_size;
-    LayerWeights& w = layers_[size_t(layer)];
-    if (checkpoint.has(prefix + "gate_up_proj")) {
+    if (options_.dummy || checkpoint.has(prefix + "gate_up_proj")) {
         w.experts_gate_up = load(checkpoint, prefix + "gate_up_proj", {n_experts, 2 * inter, hidden}, false);
         w.experts_down = load(checkpoint, prefix + "down_proj", {n_experts, hidden, inter}, false);
-        return w.experts_gate_up;
+        return;
     }
-    const DType dtype = resident_dtype(checkpoint.info(prefix + "0.gate_proj.weight").dtype);
-    Tensor gate_up(nullptr, dtype, {n_experts, 2 * inter, hidden});
-    Tensor down(nullptr, dtype, {n_experts, hidden, inter});
-    std::vector<uint8_t> host_gate_up(gate_up.nbytes()), host_down(down.nbytes());
-    const size_t proj_bytes = size_t(inter * hidden) * dtype_size(dtype);
+    std::vector<std::string> gate_up_names, down_names;
     for (int64_t e = 0; e < n_experts; ++e) {
         const std::string expert = prefix + std::to_string(e) + ".";
-        uint8_t* gate_dst = host_gate_up.data() + size_t(2 * e) * proj_bytes;
-        checkpoint.read(expert + "gate_proj.weight", {inter, hidden}, dtype, gate_dst);
-        checkpoint.read(expert + "up_proj.weight", {inter, hidden}, dtype, gate_dst + proj_bytes);
-        checkpoint.read(expert + "down_proj.weight", {hidden, inter}, dtype, host_down.data() + size_t(e) * proj_bytes);
+        gate_up_names.push_back(expert + "gate_proj.weight");
+        gate_up_names.push_back(expert + "up_proj.weight");
+        down_names.push_back(expert + "down_proj.weight");
     }
-    for (auto [tensor, host] : {std::pair{&gate_up, &host_gate_up}, std::pair{&down, &host_down}}) {
-        buffers_.push_back(backend_.alloc(tensor->nbytes()));
-        tensor->data = buffers_.back().data();
-        backend_.upload(*tensor, host->data());
-    }
-    w.experts_gate_up = gate_up;
-    w.experts_down = down;
-    return gate_up;
+    w.experts_gate_up = load_stacked(checkpoint, gate_up_names, {inter, hidden}, {n_experts, 2 * inter, hidden});
+    w.experts_down = load_stacked(checkpoint, down_names, {hidden, inter}, {n_experts, hidden, inter});
 }
 
 void DecoderModel::load_weights(Checkpoint& checkpoint) {
     const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
-    for (const std::string& prefix : config_.speculative_prefixes) checkpoint.skip_prefix(prefix);
+    if (!options_.dummy)
+        for (const std::string& prefix : config_.speculative_prefixes) checkpoint.skip_prefix(prefix);
 
     embed_tokens_ = load(checkpoint, "model.embed_tokens.weight", {vocab, hidden}, false);
     final_norm_ = load(checkpoint, "model.norm.weight", {hidden}, true);
     if (config_.tie_word_embeddings) {
         lm_head_ = embed_tokens_;
-        checkpoint.skip_prefix("lm_head.weight");  // some exporters write the tied copy anyway
+        if (!options_.dummy) checkpoint.skip_prefix("lm_head.weight");  // some exporters write the tied copy anyway
     } else {
         lm_head_ = load(checkpoint, "lm_head.weight", {vocab, hidden}, false);
     }
@@ -118,28 +155,22 @@ void DecoderModel::load_weights(Checkpoint& checkpoint) {
         if (spec.has_sinks) {
             // Hub checkpoints name it attention_sink_bias; transformers-native ones sinks.
             const std::string hub_name = p + "self_attn.attention_sink_bias";
-            w.sinks = load(checkpoint, checkpoint.has(hub_name) ? hub_name : p + "self_attn.sinks", {spec.n_q_heads}, true);
+            const bool hub = !options_.dummy && checkpoint.has(hub_name);
+            w.sinks = load(checkpoint, hub ? hub_name : p + "self_attn.sinks", {spec.n_q_heads}, true);
         }
         if (spec.ffn == FfnKind::dense) {
             const int64_t inter = config_.intermediate_size;
-            const DType dtype = resident_dtype(checkpoint.info(p + "mlp.gate_proj.weight").dtype);
-            Tensor gate_up(nullptr, dtype, {2 * inter, hidden});
-            std::vector<uint8_t> host(gate_up.nbytes());
-            checkpoint.read(p + "mlp.gate_proj.weight", {inter, hidden}, dtype, host.data());
-            checkpoint.read(p + "mlp.up_proj.weight", {inter, hidden}, dtype, host.data() + gate_up.nbytes() / 2);
-            buffers_.push_back(backend_.alloc(gate_up.nbytes()));
-            gate_up.data = buffers_.back().data();
-            backend_.upload(gate_up, host.data());
-            w.gate_up = gate_up;
+            w.gate_up = load_stacked(checkpoint, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {inter, hidden},
+                                     {2 * inter, hidden});
             w.down = load(checkpoint, p + "mlp.down_proj.weight", {hidden, inter}, false);
         } else {
             w.router = load(checkpoint, p + "mlp.gate.weight", {config_.n_experts, hidden}, true);
             if (config_.router_bias)
                 w.router_bias = load(checkpoint, p + "mlp.gate.e_score_correction_bias", {config_.n_experts}, true);
-            load_experts(checkpoint, p + "mlp.experts.", int(i));
+            load_experts(checkpoint, p + "mlp.experts.", w);
         }
     }
-    checkpoint.finish();
+    if (!options_.dummy) checkpoint.finish();
 }
 
 std::map<DType, uint64_t> DecoderModel::weight_bytes() const {
@@ -156,6 +187,20 @@ std::map<DType, uint64_t> DecoderModel::weight_bytes() const {
                                 &w.k_norm, &w.sinks, &w.gate_up, &w.down, &w.router, &w.router_bias,
                                 &w.experts_gate_up, &w.experts_down})
             add(*t);
+    }
+    return bytes;
+}
+
+uint64_t DecoderModel::weight_bytes_per_decode_token() const {
+    uint64_t bytes = 0;
+    for (const auto& [dtype, n] : weight_bytes()) bytes += n;
+    // One embedding row instead of the table (unless the table is also the lm_head).
+    if (!config_.tie_word_embeddings) bytes -= embed_tokens_.nbytes() - embed_tokens_.row_bytes();
+    // Only top_k of the experts of each MoE layer.
+    for (const LayerWeights& w : layers_) {
+        if (!w.experts_gate_up.data) continue;
+        const uint64_t expert_bytes = w.experts_gate_up.nbytes() + w.experts_down.nbytes();
+        bytes -= expert_bytes - expert_bytes * uint64_t(config_.router.top_k) / uint64_t(config_.n_experts);
     }
     return bytes;
 }

@@ -32,19 +32,29 @@ struct LayerWeights {
 class DecoderModel final : public Model {
 public:
     // Loads every tensor strictly (Checkpoint::finish is called at the end).
-    DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend);
+    DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend, const LoadOptions& options);
 
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, const Tensor& logits) override;
     std::map<DType, uint64_t> weight_bytes() const override;
+    uint64_t weight_bytes_per_decode_token() const override;
 
 private:
     void load_weights(Checkpoint& checkpoint);
+    // Loads one tensor (keep_f32: small parameters kept in f32) or, in dummy mode, makes it.
     Tensor load(Checkpoint& checkpoint, const std::string& name, std::initializer_list<int64_t> shape, bool keep_f32);
-    Tensor load_experts(Checkpoint& checkpoint, const std::string& prefix, int layer);
+    // Loads tensors `names` (each of `part_shape`) stacked along a new leading dim into one tensor of `shape`.
+    Tensor load_stacked(Checkpoint& checkpoint, const std::vector<std::string>& names,
+                        std::initializer_list<int64_t> part_shape, std::initializer_list<int64_t> shape);
+    void load_experts(Checkpoint& checkpoint, const std::string& prefix, LayerWeights& weights);
+    Tensor allocate(DType dtype, std::initializer_list<int64_t> shape);
+    void fill_dummy(const Tensor& t, bool is_norm);
+
+    LoadOptions options_;
 
     ModelConfig config_;
     Backend& backend_;
+    uint64_t dummy_counter_ = 0;
     std::vector<Buffer> buffers_;  // owns every weight
     Tensor embed_tokens_;          // [vocab, hidden]
     Tensor final_norm_;            // [hidden] f32

@@ -93,13 +93,31 @@ public:
     virtual void forward(const ForwardBatch& batch, const Tensor& logits) = 0;
     // Bytes of weights held on the device, by dtype.
     virtual std::map<DType, uint64_t> weight_bytes() const = 0;
+    // Weight bytes one batch-1 decode step reads: every dense weight, top_k of n_experts
+    // experts per MoE layer, one embedding row (the whole table when it doubles as lm_head).
+    virtual uint64_t weight_bytes_per_decode_token() const = 0;
 };
+
+// How weights are obtained: from the checkpoint's safetensors, or random values of the
+// checkpoint's shapes (`--load-format dummy`: a directory with only config.json suffices).
+struct LoadOptions {
+    bool dummy = false;
+    DType dummy_dtype = DType::bf16;  // dtype of dummy matrices (norms, sinks, routers stay f32)
+    uint64_t dummy_seed = 0;
+};
+
+// Parameter counts derived from the config alone (no weights needed).
+struct ParameterCounts {
+    int64_t total = 0;   // every weight of the decoder (embedding and lm_head counted separately if untied)
+    int64_t active = 0;  // read per token: top_k experts per MoE layer, lm_head, no embedding table
+};
+ParameterCounts count_parameters(const ModelConfig& config);
 
 // Reads config.json of `dir` into a ModelConfig (both MiMo dialects, Qwen3, Qwen3-MoE).
 // Unknown architectures are an error listing the supported ones.
 ModelConfig read_model_config(const Checkpoint& checkpoint);
 // Loads the weights strictly onto `backend`.
-std::unique_ptr<Model> load_model(Checkpoint& checkpoint, Backend& backend);
+std::unique_ptr<Model> load_model(Checkpoint& checkpoint, Backend& backend, const LoadOptions& options = {});
 std::vector<std::string> supported_architectures();
 
 }  // namespace xinfer

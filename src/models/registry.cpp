@@ -92,8 +92,8 @@ std::vector<KvGroupSpec> kv_groups_for(const ModelConfig& config) {
     return groups;
 }
 
-std::unique_ptr<Model> load_model(Checkpoint& checkpoint, Backend& backend) {
-    return std::make_unique<DecoderModel>(read_model_config(checkpoint), checkpoint, backend);
+std::unique_ptr<Model> load_model(Checkpoint& checkpoint, Backend& backend, const LoadOptions& options) {
+    return std::make_unique<DecoderModel>(read_model_config(checkpoint), checkpoint, backend, options);
 }
 
 }  // namespace xinfer

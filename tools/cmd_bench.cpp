@@ -1,0 +1,109 @@
+// xinfer bench: prefill and decode speed of one sequence, each next to the limit it is measured
+// against in the same run (decode: weight + KV bytes per token over the measured copy
+// bandwidth; prefill: achieved matmul FLOP/s).
+#include "commands.h"
+#include "core/status.h"
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <random>
+
+namespace xinfer::cli {
+namespace {
+
+double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Bytes of K and V a decode step at context `kv_len` reads (each layer reads what its window allows).
+uint64_t kv_bytes_read(const ModelConfig& config, int64_t kv_len, size_t bytes_per_value) {
+    uint64_t bytes = 0;
+    for (const LayerSpec& l : config.layers) {
+        const int64_t keys = l.window > 0 ? std::min<int64_t>(kv_len, l.window) : kv_len;
+        bytes += uint64_t(keys) * uint64_t(l.n_kv_heads * (l.head_dim_k + l.head_dim_v)) * bytes_per_value;
+    }
+    return bytes;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+    struct Options {
+        ModelOptions model;
+        int64_t prompt_len = 128;
+        int64_t gen_len = 32;
+        uint64_t seed = 0;
+    };
+    auto options = std::make_shared<Options>();
+    CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode speed against the device's limits");
+    options->model.add_to(*cmd);
+    cmd->add_option("--prompt-len", options->prompt_len, "Prompt tokens (prefill)")->default_val(128);
+    cmd->add_option("--gen-len", options->gen_len, "Decode steps")->default_val(32);
+    cmd->add_option("--seed", options->seed, "Seed of the random prompt")->default_val(0);
+    cmd->callback([options] {
+        LoadedModel loaded = load(options->model);
+        const ModelConfig& config = loaded.model->config();
+        Backend& backend = *loaded.backend;
+
+        const double bandwidth_gbps = backend.measure_copy_bandwidth_gbps();
+
+        std::mt19937 rng(uint32_t(options->seed));
+        std::uniform_int_distribution<int32_t> token(0, int32_t(config.vocab_size - 1));
+        std::vector<int32_t> prompt(size_t(options->prompt_len));
+        for (int32_t& t : prompt) t = token(rng);
+
+        RunnerOptions runner_options;
+        runner_options.max_cached_tokens = options->prompt_len + options->gen_len + 16;
+        Runner runner(*loaded.model, backend, runner_options);
+
+        // Prefill the whole prompt in one step.
+        double start = now_seconds();
+        SequenceChunk prefill{0, 0, prompt, false};
+        std::vector<float> logits = runner.step(std::span(&prefill, 1));
+        const double prefill_seconds = now_seconds() - start;
+
+        // Decode: greedy, one token per step.
+        std::vector<int32_t> generated;
+        generated.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+        start = now_seconds();
+        for (int64_t i = 0; i < options->gen_len; ++i) {
+            SequenceChunk chunk{0, options->prompt_len + i, std::span(generated).last(1), false};
+            logits = runner.step(std::span(&chunk, 1));
+            generated.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+        }
+        const double decode_seconds = now_seconds() - start;
+
+        const ParameterCounts params = count_parameters(config);
+        const double prefill_tps = double(options->prompt_len) / prefill_seconds;
+        const double decode_tps = double(options->gen_len) / decode_seconds;
+        const double weight_bytes = double(loaded.model->weight_bytes_per_decode_token());
+        const double kv_bytes = double(kv_bytes_read(config, options->prompt_len + options->gen_len / 2, 4));
+        const double bytes_per_token = weight_bytes + kv_bytes;
+        const double achieved_gbps = bytes_per_token * decode_tps / 1e9;
+        const double roofline_tps = bandwidth_gbps * 1e9 / bytes_per_token;
+        // Matmul FLOPs of prefill: 2 per active weight per token (attention scores excluded).
+        const double prefill_gflops = 2.0 * double(params.active) * prefill_tps / 1e9;
+
+        fmt::print("model: {} ({:.3f} B params, {:.3f} B active), device {}\n", config.architecture,
+                   params.total / 1e9, params.active / 1e9, backend.name());
+        fmt::print("measured copy bandwidth: {:.2f} GB/s\n", bandwidth_gbps);
+        fmt::print("prefill: {} tokens in {:.3f} s = {:.1f} tokens/s ({:.1f} GFLOP/s matmul)\n", options->prompt_len,
+                   prefill_seconds, prefill_tps, prefill_gflops);
+        fmt::print("decode:  {} tokens in {:.3f} s = {:.2f} tokens/s\n", options->gen_len, decode_seconds, decode_tps);
+        fmt::print("decode bytes/token: {:.1f} MB weights + {:.2f} MB KV = {:.1f} MB\n", weight_bytes / 1e6,
+                   kv_bytes / 1e6, bytes_per_token / 1e6);
+        fmt::print("decode achieved {:.2f} GB/s = {:.1f}% of measured bandwidth (roofline {:.2f} tokens/s)\n",
+                   achieved_gbps, 100.0 * achieved_gbps / bandwidth_gbps, roofline_tps);
+        nlohmann::json line = {{"prefill_tokens_per_s", prefill_tps},
+                               {"decode_tokens_per_s", decode_tps},
+                               {"decode_bytes_per_token", bytes_per_token},
+                               {"copy_bandwidth_gbps", bandwidth_gbps},
+                               {"decode_bandwidth_fraction", achieved_gbps / bandwidth_gbps},
+                               {"prefill_gflops", prefill_gflops}};
+        fmt::print("{}\n", line.dump());
+    });
+}
+
+}  // namespace xinfer::cli

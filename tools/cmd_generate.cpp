@@ -1,0 +1,43 @@
+// xinfer generate: greedy or sampled continuation of a prompt given as token ids.
+#include "commands.h"
+#include "runtime/generate.h"
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+namespace xinfer::cli {
+
+void add_generate_command(CLI::App& app) {
+    struct Options {
+        ModelOptions model;
+        std::string prompt_ids;
+        GenerateOptions generate;
+    };
+    auto options = std::make_shared<Options>();
+    CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a prompt; prints {\"ids\": [...]} as one JSON line");
+    options->model.add_to(*cmd);
+    cmd->add_option("--prompt-ids", options->prompt_ids, "Prompt token ids, comma-separated")->required();
+    cmd->add_option("--max-tokens", options->generate.max_tokens, "Tokens to generate")->default_val(16);
+    cmd->add_option("--temperature", options->generate.sampling.temperature, "0 = greedy")->default_val(0.0);
+    cmd->add_option("--top-p", options->generate.sampling.top_p)->default_val(1.0);
+    cmd->add_option("--top-k", options->generate.sampling.top_k, "0 = off")->default_val(0);
+    cmd->add_option("--seed", options->generate.sampling.seed)->default_val(0);
+    cmd->add_option("--prefill-chunk", options->generate.prefill_chunk, "Max prompt tokens per step (0 = all)")
+        ->default_val(0);
+    cmd->callback([options] {
+        const std::vector<int32_t> prompt = parse_ids(options->prompt_ids);
+        LoadedModel loaded = load(options->model);
+        RunnerOptions runner_options;
+        runner_options.max_cached_tokens = options->model.max_cached_tokens > 0
+                                               ? options->model.max_cached_tokens
+                                               : int64_t(prompt.size()) + options->generate.max_tokens + 16;
+        Runner runner(*loaded.model, *loaded.backend, runner_options);
+        GenerateResult result = generate(runner, {prompt}, options->generate);
+        nlohmann::json line;
+        line["ids"] = result.tokens[0];
+        line["usage"] = {{"prompt_tokens", prompt.size()}, {"completion_tokens", result.tokens[0].size()}};
+        fmt::print("{}\n", line.dump());
+    });
+}
+
+}  // namespace xinfer::cli

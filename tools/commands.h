@@ -1,0 +1,40 @@
+// The `xinfer` CLI: one file per subcommand, each registering itself on the CLI11 app.
+#pragma once
+
+#include "models/model.h"
+#include "runtime/runner.h"
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace xinfer::cli {
+
+// Options every model-running subcommand shares.
+struct ModelOptions {
+    std::string model_dir;
+    std::string device = "cpu";
+    std::string load_format = "safetensors";  // or "dummy"
+    int64_t max_cached_tokens = 0;            // 0: enough for the request at hand
+    void add_to(CLI::App& app);
+};
+
+// A loaded model and the backend it lives on (backend outlives the model).
+struct LoadedModel {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Checkpoint> checkpoint;
+    std::unique_ptr<Model> model;
+};
+LoadedModel load(const ModelOptions& options);
+
+// "1,2,3" → {1, 2, 3}; errors name the bad entry.
+std::vector<int32_t> parse_ids(const std::string& text);
+
+void add_generate_command(CLI::App& app);
+void add_logits_command(CLI::App& app);
+void add_info_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+}  // namespace xinfer::cli
