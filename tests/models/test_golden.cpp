@@ -1,0 +1,111 @@
+// Model correctness against Hugging Face transformers (float64 references, full recompute):
+// logits at every prompt position, greedy continuations, and the equivalences the KV cache must
+// preserve (incremental = full recompute, chunked = one-shot prefill, batched = alone).
+#include "fixture.h"
+#include "runtime/generate.h"
+
+#include <fmt/core.h>
+
+namespace xinfer::test {
+namespace {
+
+struct GoldenCase {
+    std::string name;
+    double logits_tolerance;  // relative error vs the float64 reference
+};
+
+// f32 checkpoints: only f32 accumulation-order differences remain (1e-4). FP8: weights are
+// dequantized to bf16 at load, so ~2^-9 relative weight rounding shows up in the logits (2e-2).
+const GoldenCase kCases[] = {
+    {"mimo_native_f32", 1e-4}, {"mimo_hub_f32", 1e-4}, {"mimo_hub_fp8", 2e-2},
+    {"qwen3_f32", 1e-4},       {"qwen3_moe_f32", 1e-4},
+};
+
+struct Loaded {
+    std::unique_ptr<Backend> backend = make_backend("cpu");
+    std::unique_ptr<Checkpoint> checkpoint;
+    std::unique_ptr<Model> model;
+    explicit Loaded(const std::filesystem::path& dir) {
+        checkpoint = Checkpoint::open(dir);
+        model = load_model(*checkpoint, *backend);
+    }
+};
+
+class Golden : public ::testing::TestWithParam<GoldenCase> {
+protected:
+    void SetUp() override {
+        fixture_ = load_fixture(GetParam().name);
+        loaded_ = std::make_unique<Loaded>(fixture_.dir);
+        ASSERT_EQ(loaded_->model->config().vocab_size, fixture_.vocab);
+    }
+    Runner make_runner(int page_size = 4) {
+        RunnerOptions options;
+        options.page_size = page_size;  // small pages: sequences span many, windows end mid-page
+        options.max_cached_tokens = 1024;
+        return Runner(*loaded_->model, *loaded_->backend, options);
+    }
+    void expect_logits_match(const std::vector<float>& logits, const char* what) {
+        ASSERT_EQ(logits.size(), fixture_.logits.size()) << what;
+        const size_t vocab = size_t(fixture_.vocab);
+        double worst = 0;
+        size_t worst_row = 0;
+        for (size_t row = 0; row < fixture_.prompt.size(); ++row) {
+            const double err = relative_error(&logits[row * vocab], &fixture_.logits[row * vocab], vocab);
+            if (err > worst) worst = err, worst_row = row;
+        }
+        EXPECT_LE(worst, GetParam().logits_tolerance) << what << ": worst relative error at position " << worst_row;
+    }
+    Fixture fixture_;
+    std::unique_ptr<Loaded> loaded_;
+};
+
+TEST_P(Golden, PromptLogitsMatchReference) {
+    Runner runner = make_runner();
+    expect_logits_match(prompt_logits(runner, fixture_.prompt), "one-shot prefill");
+}
+
+// Feeding the prompt one token at a time is incremental decoding with the KV cache, across
+// every sliding-window boundary; chunks of 5 are chunked prefill. Both equal full recompute.
+TEST_P(Golden, IncrementalAndChunkedPrefillMatchReference) {
+    Runner runner = make_runner();
+    expect_logits_match(prompt_logits(runner, fixture_.prompt, 1), "token-by-token decode");
+    expect_logits_match(prompt_logits(runner, fixture_.prompt, 5), "prefill in chunks of 5");
+    runner.kv().check_integrity();
+}
+
+TEST_P(Golden, GreedyContinuationMatchesReference) {
+    const size_t decidable = decidable_greedy_steps(fixture_);
+    ASSERT_GE(decidable, 8u) << "fixture margins too small to be a useful greedy test";
+    Runner runner = make_runner();
+    GenerateOptions options;
+    options.max_tokens = int(fixture_.greedy.size());
+    GenerateResult result = generate(runner, {fixture_.prompt}, options);
+    const std::vector<int32_t> expected(fixture_.greedy.begin(), fixture_.greedy.begin() + long(decidable));
+    const std::vector<int32_t> actual(result.tokens[0].begin(), result.tokens[0].begin() + long(decidable));
+    EXPECT_EQ(actual, expected) << "first " << decidable << " decidable greedy steps";
+}
+
+// Sequences of different lengths decoded together get exactly the tokens each gets alone.
+TEST_P(Golden, BatchedEqualsAlone) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t len : {fixture_.prompt.size(), fixture_.prompt.size() / 3 + 1, fixture_.prompt.size() * 2 / 3}) {
+        std::vector<int32_t> p(fixture_.prompt.begin(), fixture_.prompt.begin() + long(len));
+        std::reverse(p.begin(), p.end());  // different content, not just prefixes
+        prompts.push_back(p);
+    }
+    GenerateOptions options;
+    options.max_tokens = 12;
+    Runner runner = make_runner();
+    GenerateResult together = generate(runner, prompts, options);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        GenerateResult alone = generate(runner, {prompts[i]}, options);
+        EXPECT_EQ(together.tokens[i], alone.tokens[0]) << "sequence " << i << " (prompt length " << prompts[i].size() << ")";
+    }
+    runner.kv().check_integrity();
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace xinfer::test
