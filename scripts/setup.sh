@@ -6,7 +6,5 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/build.sh
 model=tests/fixtures/mimo_hub_f32
-prompt=$(python3 -c "import json;print(','.join(map(str,json.load(open('$model/reference.json'))['prompt_ids'])))" 2>/dev/null \
-         || sed -n 's/.*"prompt_ids": *\[\([^]]*\)\].*/\1/p' $model/reference.json | tr -d ' \n')
-echo "+ build/bin/xinfer generate --model $model --prompt-ids <${prompt//[^,]/}> --max-tokens 16"
-build/bin/xinfer generate --model "$model" --prompt-ids "$prompt" --max-tokens 16
+set -x
+build/bin/xinfer generate --model "$model" --prompt-ids 11,42,7,301,5,99,250,3,64,18,77,120 --max-tokens 16

@@ -11,6 +11,8 @@
 
 namespace xinfer {
 
+// Holds a reference to `json`, which must outlive the reader. Not thread-safe to construct
+// while the JSON is being modified; reading from several threads is fine.
 class ConfigReader {
 public:
     // `prefix` is how errors name this object's fields ("rope_parameters.sliding_attention.").
@@ -33,10 +35,14 @@ public:
     // A nested object as its own reader (errors then name "key.sub").
     ConfigReader object(const std::string& key) const;
 
+    // Throws "<path>: field '<prefix><key>': expected <expected>, found <value>". Public so that
+    // model code can report its own semantic checks in the same words.
     [[noreturn]] void type_error(const std::string& key, const char* expected) const;
 
 private:
-    const nlohmann::json& at(const std::string& key) const;
+    const nlohmann::json& at(const std::string& key) const;  // throws "missing required field"
+    // type_error for a value that is not directly a field of this object (a list element).
+    [[noreturn]] void value_error(const std::string& field, const char* expected, const nlohmann::json& found) const;
     const nlohmann::json& json_;
     std::filesystem::path path_;
     std::string prefix_;
