@@ -6,6 +6,7 @@
 // page release, one shared pool and prefix sharing belong to the serving-core KV manager.)
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>

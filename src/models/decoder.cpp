@@ -55,7 +55,7 @@ void DecoderModel::fill_dummy(const Tensor& t, bool is_norm) {
     const int64_t n = t.numel();
     const uint64_t stream = options_.dummy_seed * 0x9e3779b97f4a7c15ull + (++dummy_counter_) * 0xbf58476d1ce4e5b9ull;
     const float amplitude = is_norm ? 0.1f : 1.f / std::sqrt(float(t.cols()));
-    std::vector<float> values(size_t(n));
+    std::vector<float> values(static_cast<size_t>(n));
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
         uint64_t z = stream + uint64_t(i) * 0x94d049bb133111ebull;  // splitmix64 finaliser

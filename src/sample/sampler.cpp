@@ -18,7 +18,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
     if (params_.temperature <= 0.f) return argmax(logits);
     const int64_t vocab = int64_t(logits.size());
     // Candidates sorted by logit, descending; top-k trims the list first.
-    std::vector<int32_t> order(size_t(vocab));
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
     std::iota(order.begin(), order.end(), 0);
     const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
     auto by_logit = [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b); };
