@@ -45,7 +45,8 @@ ModelConfig read_qwen3_config(const ConfigReader& cfg, bool moe) {
     std::vector<int64_t> mlp_only_layers;
     int sparse_step = 1;
     if (moe) {
-        config.n_experts = int(cfg.get_int("num_experts"));
+        // transformers ≥ 5 writes num_local_experts; older configs num_experts.
+        config.n_experts = int(cfg.has("num_local_experts") ? cfg.get_int("num_local_experts") : cfg.get_int("num_experts"));
         config.moe_intermediate_size = cfg.get_int("moe_intermediate_size");
         config.router.scoring = RouterParams::Scoring::softmax;
         config.router.top_k = int(cfg.get_int("num_experts_per_tok"));

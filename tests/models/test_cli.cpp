@@ -11,12 +11,12 @@
 namespace xinfer::test {
 namespace {
 
-struct Run {
+struct CommandResult {
     int status;
     std::string output;  // stdout and stderr
 };
 
-Run run_xinfer(const std::string& args) {
+CommandResult run_xinfer(const std::string& args) {
     const std::string command = fmt::format("{} {} 2>&1", XINFER_BINARY, args);
     FILE* pipe = popen(command.c_str(), "r");
     if (!pipe) throw std::runtime_error("popen failed: " + command);
@@ -35,7 +35,7 @@ TEST(Cli, GeneratePrintsGreedyIdsAsJson) {
     const Fixture f = load_fixture("mimo_hub_f32");
     const size_t n = decidable_greedy_steps(f);
     ASSERT_GE(n, 4u);
-    Run run = run_xinfer(fmt::format("generate --model {} --prompt-ids {} --max-tokens {}", f.dir.string(),
+    CommandResult run = run_xinfer(fmt::format("generate --model {} --prompt-ids {} --max-tokens {}", f.dir.string(),
                                      join_ids(f.prompt), n));
     ASSERT_EQ(run.status, 0) << run.output;
     const nlohmann::json line = nlohmann::json::parse(run.output.substr(0, run.output.find('\n')));
@@ -45,7 +45,7 @@ TEST(Cli, GeneratePrintsGreedyIdsAsJson) {
 TEST(Cli, LogitsWritesNpyMatchingReference) {
     const Fixture f = load_fixture("qwen3_f32");
     const std::filesystem::path out = std::filesystem::temp_directory_path() / "xinfer_test_logits.npy";
-    Run run = run_xinfer(fmt::format("logits --model {} --prompt-ids {} --out {}", f.dir.string(), join_ids(f.prompt),
+    CommandResult run = run_xinfer(fmt::format("logits --model {} --prompt-ids {} --out {}", f.dir.string(), join_ids(f.prompt),
                                      out.string()));
     ASSERT_EQ(run.status, 0) << run.output;
     NpyArray array = read_npy_f32(out);
@@ -55,7 +55,7 @@ TEST(Cli, LogitsWritesNpyMatchingReference) {
 }
 
 TEST(Cli, InfoPrintsPerLayerTable) {
-    Run run = run_xinfer(fmt::format("info --model {}", fixture_dir("mimo_hub_fp8").string()));
+    CommandResult run = run_xinfer(fmt::format("info --model {}", fixture_dir("mimo_hub_fp8").string()));
     ASSERT_EQ(run.status, 0) << run.output;
     EXPECT_NE(run.output.find("MiMoV2FlashForCausalLM"), std::string::npos) << run.output;
     EXPECT_NE(run.output.find("sliding"), std::string::npos) << run.output;
@@ -63,15 +63,15 @@ TEST(Cli, InfoPrintsPerLayerTable) {
 }
 
 TEST(Cli, BadInputIsAClearError) {
-    Run bad_ids = run_xinfer(fmt::format("generate --model {} --prompt-ids 1,x,3", fixture_dir("qwen3_f32").string()));
+    CommandResult bad_ids = run_xinfer(fmt::format("generate --model {} --prompt-ids 1,x,3", fixture_dir("qwen3_f32").string()));
     EXPECT_NE(bad_ids.status, 0);
     EXPECT_NE(bad_ids.output.find("invalid token id \"x\""), std::string::npos) << bad_ids.output;
 
-    Run out_of_vocab = run_xinfer(fmt::format("generate --model {} --prompt-ids 1,99999999", fixture_dir("qwen3_f32").string()));
+    CommandResult out_of_vocab = run_xinfer(fmt::format("generate --model {} --prompt-ids 1,99999999", fixture_dir("qwen3_f32").string()));
     EXPECT_NE(out_of_vocab.status, 0);
     EXPECT_NE(out_of_vocab.output.find("99999999"), std::string::npos) << out_of_vocab.output;
 
-    Run missing = run_xinfer("info --model /nonexistent/model");
+    CommandResult missing = run_xinfer("info --model /nonexistent/model");
     EXPECT_NE(missing.status, 0);
     EXPECT_NE(missing.output.find("/nonexistent/model"), std::string::npos) << missing.output;
 }
