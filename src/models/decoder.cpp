@@ -9,13 +9,13 @@ namespace xinfer {
 namespace {
 
 // Weights keep their stored dtype where the backend computes with it directly (f32, bf16,
-// f16); block-scaled FP8 is dequantized to bf16 at load on the CPU backend.
-DType resident_dtype(DType stored) {
+// f16); block-scaled FP8 is dequantized at load to options.dequant_dtype.
+DType resident_dtype(DType stored, const LoadOptions& options) {
     switch (stored) {
         case DType::f32:
         case DType::bf16:
         case DType::f16: return stored;
-        default: return DType::bf16;
+        default: return options.dequant_dtype;
     }
 }
 
@@ -77,7 +77,7 @@ Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::
         fill_dummy(t, name.ends_with("norm.weight"));
         return t;
     }
-    Tensor t = allocate(keep_f32 ? DType::f32 : resident_dtype(checkpoint.info(name).dtype), shape);
+    Tensor t = allocate(keep_f32 ? DType::f32 : resident_dtype(checkpoint.info(name).dtype, options_), shape);
     std::vector<uint8_t> host(t.nbytes());
     checkpoint.read(name, std::span<const int64_t>(shape.begin(), shape.size()), t.dtype, host.data());
     backend_.upload(t, host.data());
@@ -91,7 +91,7 @@ Tensor DecoderModel::load_stacked(Checkpoint& checkpoint, const std::vector<std:
         fill_dummy(t, false);
         return t;
     }
-    Tensor t = allocate(resident_dtype(checkpoint.info(names.front()).dtype), shape);
+    Tensor t = allocate(resident_dtype(checkpoint.info(names.front()).dtype, options_), shape);
     XINFER_CHECK(t.nbytes() % names.size() == 0, "stacking {} tensors into {}", names.size(), t.shape_string());
     const size_t part_bytes = t.nbytes() / names.size();
     std::vector<uint8_t> host(t.nbytes());
