@@ -1,0 +1,518 @@
+// Paged KV cache: KV_STORE writes new tokens' K/V into their slots; ATTENTION reads them back
+// through each sequence's page table with a flash-style kernel (online softmax, f32 state,
+// bf16 tensor cores for Q·Kᵀ and P·V).
+//
+// Work decomposition. For one sequence and one KV head g, the query rows are the pairs
+// (query token i, head h of g's group), token-major: row = i·G + h. A block takes 64 such rows
+// (so decode with G = 16 packs 4 tokens' heads, prefill with G = 1 packs 64 tokens) and walks the
+// union of their allowed key ranges in tiles of 32 keys gathered through the page table. Each
+// of the 4 warps owns 16 rows end to end (scores, softmax, its slice of the output), so warps
+// synchronise only around the shared K/V tile. grid = (row tiles, n_kv, kv splits).
+//
+// Split-KV: when rows × heads give fewer blocks than 2 per SM (decode), the key range of each
+// tile is cut into n_split chunks handled by separate blocks that write unnormalised partials
+// (m, l, O) to scratch; a combine kernel merges them (and adds the sink). n_split is chosen on
+// the host from upper bounds (max_pages_per_seq · page_size), never from device values.
+//
+// Masking: causal p - j < window / non-causal |p - j| < window; a key is loaded only if some
+// row of the tile may see it, so unwritten slots and released pages (-1) are never read. A key
+// that some row needs but whose page is -1 becomes NaN for exactly the rows that need it (the
+// CPU oracle raises an error there).
+#include "common.h"
+#include "device_utils.cuh"
+
+#include <mma.h>
+
+#include <algorithm>
+
+namespace xcuda {
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kBQ = 64;       // query rows per block
+constexpr int kBKeys = 32;    // keys per tile (one per lane in the softmax step)
+constexpr int kThreads = 128; // 4 warps × 16 rows
+constexpr int kMaxHeadDim = 256;
+
+struct AttnArgs {
+    const void* q;             // [T, nq, dk]
+    const void* k_cache;       // pages of [page_size, nkv, dk], k_page_stride elements apart
+    const void* v_cache;       // pages of [page_size, nkv, dv], v_page_stride elements apart
+    const float* sinks;        // [nq] or null
+    void* out;                 // [T, nq, dv]
+    float* part_o;             // [n_split, T·nq, dv] (n_split > 1)
+    float* part_ml;            // [n_split, T·nq, 2]  (n_split > 1): running max, denominator
+    const int32_t* cu_q_lens;  // [n_seqs + 1]
+    const int32_t* kv_lens;    // [n_seqs]
+    const int32_t* positions;  // [T]
+    const int32_t* page_table; // [n_seqs, max_pages]
+    int64_t k_page_stride, v_page_stride, T;
+    int q_dtype, k_dtype, v_dtype, out_dtype;
+    int n_seqs, max_pages, page_size;
+    int nq, nkv, group, dk, dv, dk_pad, dv_pad;
+    float scale;
+    int window, causal, n_split;
+    bool k_vec, v_vec;         // bf16 cache rows may use 16-byte loads
+};
+
+// Shared-memory layout (bytes), identical on host and device.
+struct AttnSmem {
+    int ldq, ldv, lds, ldp, ldo;
+    int q, k, v, s, p, o, m, l, corr, lo, hi, ksrc, vsrc, range, total;
+};
+__host__ __device__ inline AttnSmem attn_smem(int dk_pad, int dv_pad) {
+    AttnSmem L;
+    L.ldq = dk_pad + 8;
+    L.ldv = dv_pad + 8;
+    L.lds = kBKeys + 4;
+    L.ldp = kBKeys + 8;
+    L.ldo = dv_pad + 4;
+    int off = 0;
+    auto take = [&](int bytes) {
+        const int at = off;
+        off += (bytes + 127) / 128 * 128;
+        return at;
+    };
+    L.q = take(kBQ * L.ldq * 2);
+    L.k = take(kBKeys * L.ldq * 2);
+    L.v = take(kBKeys * L.ldv * 2);
+    L.s = take(kBQ * L.lds * 4);
+    L.p = take(kBQ * L.ldp * 2);
+    L.o = take(kBQ * L.ldo * 4);
+    L.m = take(kBQ * 4);
+    L.l = take(kBQ * 4);
+    L.corr = take(kBQ * 4);
+    L.lo = take(kBQ * 4);
+    L.hi = take(kBQ * 4);
+    L.ksrc = take(kBKeys * 8);
+    L.vsrc = take(kBKeys * 8);
+    L.range = take(16);
+    L.total = off;
+    return L;
+}
+
+constexpr int64_t kSrcZero = -1, kSrcNaN = -2;
+
+// Fills one bf16 shared row [pad] from a cache row [len] (or zeros / NaN), lanes of one warp.
+__device__ __forceinline__ void load_row(__nv_bfloat16* dst, const void* cache, int dtype, int64_t src, int len,
+                                         int pad, bool vec, int lane) {
+    for (int c8 = lane * 8; c8 < pad; c8 += 32 * 8) {
+        if (src >= 0 && vec && c8 + 8 <= len) {
+            *reinterpret_cast<uint4*>(dst + c8) =
+                *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(cache) + src + c8);
+            continue;
+        }
+        __nv_bfloat16 v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int d = c8 + e;
+            float x = 0.f;
+            if (d < len) {
+                if (src >= 0) x = load_f(cache, dtype, src + d);
+                else if (src == kSrcNaN) x = __int_as_float(0x7fc00000);
+            }
+            v[e] = __float2bfloat16_rn(x);
+        }
+        *reinterpret_cast<uint4*>(dst + c8) = *reinterpret_cast<uint4*>(v);
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const AttnSmem L = attn_smem(a.dk_pad, a.dv_pad);
+    auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
+    auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem + L.k);
+    auto* Vs = reinterpret_cast<__nv_bfloat16*>(smem + L.v);
+    auto* Ss = reinterpret_cast<float*>(smem + L.s);
+    auto* Ps = reinterpret_cast<__nv_bfloat16*>(smem + L.p);
+    auto* Os = reinterpret_cast<float*>(smem + L.o);
+    auto* row_m = reinterpret_cast<float*>(smem + L.m);
+    auto* row_l = reinterpret_cast<float*>(smem + L.l);
+    auto* row_corr = reinterpret_cast<float*>(smem + L.corr);
+    auto* tok_lo = reinterpret_cast<int*>(smem + L.lo);
+    auto* tok_hi = reinterpret_cast<int*>(smem + L.hi);
+    auto* ksrc = reinterpret_cast<int64_t*>(smem + L.ksrc);
+    auto* vsrc = reinterpret_cast<int64_t*>(smem + L.vsrc);
+    auto* range = reinterpret_cast<int*>(smem + L.range);
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = blockIdx.y, split = blockIdx.z, G = a.group;
+
+    // Which sequence and which 64 of its rows this block owns (same answer in every thread).
+    int s = -1, qlen = 0;
+    int64_t row0 = 0;
+    {
+        int64_t acc = 0;
+        for (int i = 0; i < a.n_seqs; ++i) {
+            const int ql = a.cu_q_lens[i + 1] - a.cu_q_lens[i];
+            const int64_t nt = (int64_t(ql) * G + kBQ - 1) / kBQ;
+            if (int64_t(blockIdx.x) < acc + nt) {
+                s = i;
+                qlen = ql;
+                row0 = (int64_t(blockIdx.x) - acc) * kBQ;
+                break;
+            }
+            acc += nt;
+        }
+    }
+    if (s < 0) return;
+    const int rows = int(min(int64_t(kBQ), int64_t(qlen) * G - row0));
+    const int tok_first = int(row0 / G);
+    const int ntok = int((row0 + rows - 1) / G) - tok_first + 1;
+    const int token_base = a.cu_q_lens[s] + tok_first;  // global index of the tile's first token
+    const int kv_len = a.kv_lens[s];
+
+    for (int i = tid; i < ntok; i += kThreads) {
+        const int p = a.positions[token_base + i];
+        int lo = 0, hi = kv_len - 1;
+        if (a.causal) hi = min(hi, p);
+        if (a.window > 0) {
+            lo = max(0, p - a.window + 1);
+            if (!a.causal) hi = min(hi, p + a.window - 1);
+        }
+        tok_lo[i] = lo;
+        tok_hi[i] = hi;
+    }
+    // Q rows as bf16, zero-padded to dk_pad; rows past `rows` are zero.
+    for (int r = warp; r < kBQ; r += kThreads / 32) {
+        __nv_bfloat16* dst = Qs + r * L.ldq;
+        if (r < rows) {
+            const int64_t flat = row0 + r;
+            const int64_t t = token_base + (flat / G - tok_first);
+            const int head = g * G + int(flat % G);
+            const int64_t base = (t * a.nq + head) * a.dk;
+            for (int d = lane; d < a.dk_pad; d += 32)
+                dst[d] = __float2bfloat16_rn(d < a.dk ? load_f(a.q, a.q_dtype, base + d) : 0.f);
+        } else {
+            for (int d = lane; d < a.dk_pad; d += 32) dst[d] = __float2bfloat16_rn(0.f);
+        }
+    }
+    for (int i = tid; i < kBQ * L.ldo; i += kThreads) Os[i] = 0.f;
+    for (int r = tid; r < kBQ; r += kThreads) {
+        row_m[r] = -INFINITY;
+        row_l[r] = 0.f;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int lo = INT_MAX, hi = -1;
+        for (int i = 0; i < ntok; ++i)
+            if (tok_lo[i] <= tok_hi[i]) {
+                lo = min(lo, tok_lo[i]);
+                hi = max(hi, tok_hi[i]);
+            }
+        if (a.n_split > 1 && lo <= hi) {
+            const int len = hi - lo + 1;
+            const int chunk = ((len + a.n_split - 1) / a.n_split + kBKeys - 1) / kBKeys * kBKeys;
+            const int my_lo = lo + split * chunk;
+            hi = min(hi, my_lo + chunk - 1);
+            lo = my_lo;
+        }
+        range[0] = lo;
+        range[1] = hi;
+    }
+    __syncthreads();
+    const int key_lo = range[0], key_hi = range[1];
+
+    for (int kb = key_lo; kb <= key_hi; kb += kBKeys) {
+        // Where each key of the tile comes from; only keys some row may see are loaded.
+        if (tid < kBKeys) {
+            const int j = kb + tid;
+            int64_t ks = kSrcZero, vs = kSrcZero;
+            bool needed = false;
+            if (j <= key_hi)
+                for (int i = 0; i < ntok && !needed; ++i) needed = j >= tok_lo[i] && j <= tok_hi[i];
+            if (needed) {
+                const int page = a.page_table[int64_t(s) * a.max_pages + j / a.page_size];
+                if (page < 0) {
+                    ks = kSrcNaN;
+                } else {
+                    const int64_t slot_row = int64_t(j % a.page_size) * a.nkv + g;
+                    ks = int64_t(page) * a.k_page_stride + slot_row * a.dk;
+                    vs = int64_t(page) * a.v_page_stride + slot_row * a.dv;
+                }
+            }
+            ksrc[tid] = ks;
+            vsrc[tid] = vs;
+        }
+        __syncthreads();
+        for (int key = warp; key < kBKeys; key += kThreads / 32) {
+            load_row(Ks + key * L.ldq, a.k_cache, a.k_dtype, ksrc[key], a.dk, a.dk_pad, a.k_vec, lane);
+            load_row(Vs + key * L.ldv, a.v_cache, a.v_dtype, vsrc[key], a.dv, a.dv_pad, a.v_vec, lane);
+        }
+        __syncthreads();
+
+        // S[16 rows of this warp, 32 keys] = Q · Kᵀ.
+        {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc[2];
+            wmma::fill_fragment(sacc[0], 0.f);
+            wmma::fill_fragment(sacc[1], 0.f);
+            for (int kk = 0; kk < a.dk_pad; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fq;
+                wmma::load_matrix_sync(fq, Qs + warp * 16 * L.ldq + kk, L.ldq);
+                for (int j = 0; j < 2; ++j) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fk;
+                    wmma::load_matrix_sync(fk, Ks + j * 16 * L.ldq + kk, L.ldq);
+                    wmma::mma_sync(sacc[j], fq, fk, sacc[j]);
+                }
+            }
+            for (int j = 0; j < 2; ++j)
+                wmma::store_matrix_sync(Ss + warp * 16 * L.lds + j * 16, sacc[j], L.lds, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        // Online softmax over this tile, one row at a time, lane = key.
+        for (int rr = 0; rr < 16; ++rr) {
+            const int r = warp * 16 + rr, j = kb + lane;
+            bool allowed = false;
+            if (r < rows && j <= key_hi) {
+                const int tok = int((row0 + r) / G) - tok_first;
+                allowed = j >= tok_lo[tok] && j <= tok_hi[tok];
+            }
+            const float sc = allowed ? Ss[r * L.lds + lane] * a.scale : -INFINITY;
+            const float m_old = row_m[r];
+            const float m_new = fmaxf(m_old, warp_max(sc));
+            const float p = allowed ? __expf(sc - m_new) : 0.f;
+            const float corr = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
+            const float sum = warp_sum(p);
+            Ps[r * L.ldp + lane] = __float2bfloat16_rn(p);
+            __syncwarp();
+            if (lane == 0) {
+                row_l[r] = row_l[r] * corr + sum;
+                row_m[r] = m_new;
+                row_corr[r] = corr;
+            }
+            __syncwarp();
+        }
+        // Rescale this warp's output rows, then O += P · V.
+        for (int idx = lane; idx < 16 * a.dv_pad; idx += 32) {
+            const int rr = idx / a.dv_pad, d = idx % a.dv_pad;
+            Os[(warp * 16 + rr) * L.ldo + d] *= row_corr[warp * 16 + rr];
+        }
+        __syncwarp();
+        for (int cb = 0; cb < a.dv_pad; cb += 16) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc;
+            float* o_tile = Os + warp * 16 * L.ldo + cb;
+            wmma::load_matrix_sync(oacc, o_tile, L.ldo, wmma::mem_row_major);
+            for (int kk = 0; kk < kBKeys; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fp;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fv;
+                wmma::load_matrix_sync(fp, Ps + warp * 16 * L.ldp + kk, L.ldp);
+                wmma::load_matrix_sync(fv, Vs + kk * L.ldv + cb, L.ldv);
+                wmma::mma_sync(oacc, fp, fv, oacc);
+            }
+            wmma::store_matrix_sync(o_tile, oacc, L.ldo, wmma::mem_row_major);
+        }
+        __syncthreads();  // K/V/ksrc of this tile are overwritten next
+    }
+
+    // Finalize this warp's rows: normalise (with the sink), or write partials for the combine.
+    __syncwarp();
+    for (int rr = 0; rr < 16; ++rr) {
+        const int r = warp * 16 + rr;
+        if (r >= rows) break;
+        const int64_t flat = row0 + r;
+        const int64_t t = token_base + (flat / G - tok_first);
+        const int head = g * G + int(flat % G);
+        const int64_t R = t * a.nq + head;
+        const float m = row_m[r], l = row_l[r];
+        const float* o = Os + r * L.ldo;
+        if (a.n_split == 1) {
+            float alpha = 1.f, denom = l;
+            if (a.sinks) {
+                const float sink = a.sinks[head];
+                const float M = fmaxf(m, sink);
+                alpha = m == -INFINITY ? 0.f : __expf(m - M);
+                denom = l * alpha + __expf(sink - M);
+            }
+            const float inv = denom == 0.f ? 0.f : alpha / denom;
+            for (int d = lane; d < a.dv; d += 32) store_f(a.out, a.out_dtype, R * a.dv + d, o[d] * inv);
+        } else {
+            const int64_t P = int64_t(split) * a.T * a.nq + R;
+            for (int d = lane; d < a.dv; d += 32) a.part_o[P * a.dv + d] = o[d];
+            if (lane == 0) {
+                a.part_ml[P * 2] = m;
+                a.part_ml[P * 2 + 1] = l;
+            }
+        }
+    }
+}
+
+// One block per (token, head) row: merges the n_split partials and the sink.
+__global__ void attention_combine_kernel(const float* part_o /*[n_split, rows, dv]*/,
+                                         const float* part_ml /*[n_split, rows, 2]*/, const float* sinks /*[nq]*/,
+                                         int n_split, int64_t n_rows, int nq, int dv, void* out /*[rows, dv]*/,
+                                         int out_dtype) {
+    const int64_t R = blockIdx.x;
+    float M = -INFINITY;
+    for (int z = 0; z < n_split; ++z) M = fmaxf(M, part_ml[(z * n_rows + R) * 2]);
+    if (sinks) M = fmaxf(M, sinks[R % nq]);
+    float denom = sinks ? __expf(sinks[R % nq] - M) : 0.f;
+    for (int z = 0; z < n_split; ++z) {
+        const float m = part_ml[(z * n_rows + R) * 2];
+        denom += m == -INFINITY ? 0.f * part_ml[(z * n_rows + R) * 2 + 1]
+                                : part_ml[(z * n_rows + R) * 2 + 1] * __expf(m - M);
+    }
+    const float inv = denom == 0.f ? 0.f : 1.f / denom;
+    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+        float acc = 0.f;
+        for (int z = 0; z < n_split; ++z) {
+            const float m = part_ml[(z * n_rows + R) * 2];
+            const float w = m == -INFINITY ? 0.f : __expf(m - M);
+            acc += part_o[(z * n_rows + R) * dv + d] * w;
+        }
+        store_f(out, out_dtype, R * dv + d, acc * inv);
+    }
+}
+
+// k/v rows of token t go to slot slot_mapping[t] = page · page_size + offset; -1 = skip.
+__global__ void kv_store_kernel(const void* k /*[T, nkv, dk]*/, int k_dtype, const void* v /*[T, nkv, dv]*/,
+                                int v_dtype, void* k_cache, int kc_dtype, void* v_cache, int vc_dtype,
+                                const int32_t* slot_mapping /*[T]*/, int page_size, int64_t k_page_stride,
+                                int64_t v_page_stride, int64_t k_row /*nkv·dk*/, int64_t v_row /*nkv·dv*/) {
+    const int64_t t = blockIdx.x;
+    const int32_t slot = slot_mapping[t];
+    if (slot < 0) return;
+    const int64_t page = slot / page_size, offset = slot % page_size;
+    const int64_t kdst = page * k_page_stride + offset * k_row, vdst = page * v_page_stride + offset * v_row;
+    for (int64_t i = threadIdx.x; i < k_row; i += blockDim.x) store_f(k_cache, kc_dtype, kdst + i, load_f(k, k_dtype, t * k_row + i));
+    for (int64_t i = threadIdx.x; i < v_row; i += blockDim.x) store_f(v_cache, vc_dtype, vdst + i, load_f(v, v_dtype, t * v_row + i));
+}
+
+bool is_i32(const xinfer_tensor& t, int64_t n) { return t.dtype == XINFER_DTYPE_I32 && t.rank >= 1 && numel(t) == n; }
+
+// A cache tensor is accepted as [pages, page_size, n_kv, d], or with page_stride given, any
+// tensor whose pages the stride describes.
+bool cache_ok(const xinfer_tensor& t, const xinfer_attention_batch& b, int64_t nkv, int64_t d) {
+    if (!is_float(t.dtype)) return false;
+    if (t.rank == 4) return t.shape[1] == b.page_size && t.shape[2] == nkv && t.shape[3] == d;
+    return b.page_stride > 0 && t.rank >= 1;
+}
+
+}  // namespace
+
+int op_kv_store(Context* c, const xinfer_op* op, bool run) {
+    const xinfer_tensor &k = op->src[0], &v = op->src[1], &k_cache = op->src[2], &v_cache = op->src[3];
+    const xinfer_attention_batch& b = op->batch;
+    if (k.rank != 3 || v.rank != 3 || !is_float(k.dtype) || !is_float(v.dtype) || v.shape[0] != k.shape[0] ||
+        v.shape[1] != k.shape[1] || b.page_size <= 0 || !cache_ok(k_cache, b, k.shape[1], k.shape[2]) ||
+        !cache_ok(v_cache, b, k.shape[1], v.shape[2]) || !is_i32(b.slot_mapping, k.shape[0]))
+        return unsupported(c, op, "k %s, v %s, k_cache %s, v_cache %s, slot_mapping %s, page_size %d: expected k [T, "
+                           "n_kv, dk], v [T, n_kv, dv], caches [pages, page_size, n_kv, d] (or page_stride), i32 slots",
+                           shape_str(k).c_str(), shape_str(v).c_str(), shape_str(k_cache).c_str(),
+                           shape_str(v_cache).c_str(), shape_str(b.slot_mapping).c_str(), b.page_size);
+    const int64_t T = k.shape[0], nkv = k.shape[1], dk = k.shape[2], dv = v.shape[2];
+    if (!run || T == 0) return XINFER_OK;
+    const int64_t k_stride = b.page_stride > 0 ? b.page_stride : b.page_size * nkv * dk;
+    const int64_t v_stride = b.page_stride > 0 ? b.page_stride : b.page_size * nkv * dv;
+    kv_store_kernel<<<unsigned(T), 128, 0, c->stream>>>(k.data, k.dtype, v.data, v.dtype, k_cache.data, k_cache.dtype,
+                                                        v_cache.data, v_cache.dtype,
+                                                        static_cast<const int32_t*>(b.slot_mapping.data), b.page_size,
+                                                        k_stride, v_stride, nkv * dk, nkv * dv);
+    XCUDA_CHECK_LAUNCH(c, "kv_store_kernel");
+    return XINFER_OK;
+}
+
+int op_attention(Context* c, const xinfer_op* op, bool run) {
+    const xinfer_tensor &q = op->src[0], &k_cache = op->src[1], &v_cache = op->src[2], &sinks = op->src[3],
+                        &out = op->dst[0];
+    const xinfer_attention_batch& b = op->batch;
+    const xinfer_attention_params& ap = op->params.attention;
+    const int nq = ap.n_q_heads, nkv = ap.n_kv_heads, dk = ap.head_dim_k, dv = ap.head_dim_v;
+    const auto shapes = [&] {
+        return str_format("q %s, k_cache %s, v_cache %s, sinks %s, out %s, n_q %d, n_kv %d, dk %d, dv %d, page_size %d",
+                          shape_str(q).c_str(), shape_str(k_cache).c_str(), shape_str(v_cache).c_str(),
+                          shape_str(sinks).c_str(), shape_str(out).c_str(), nq, nkv, dk, dv, b.page_size);
+    };
+    if (nq <= 0 || nkv <= 0 || nq % nkv != 0 || dk <= 0 || dv <= 0 || dk > kMaxHeadDim || dv > kMaxHeadDim)
+        return unsupported(c, op, "%s: need n_q a multiple of n_kv and head dims in [1, %d]", shapes().c_str(),
+                           kMaxHeadDim);
+    if (q.rank != 3 || q.shape[1] != nq || q.shape[2] != dk || !is_float(q.dtype) || !is_float(out.dtype) ||
+        rows_of(out) * cols_of(out) != q.shape[0] * nq * dv || b.page_size <= 0 || b.n_seqs < 0 ||
+        !cache_ok(k_cache, b, nkv, dk) || !cache_ok(v_cache, b, nkv, dv))
+        return unsupported(c, op, "%s: expected q [T, n_q, dk], out [T, n_q, dv], caches [pages, page_size, n_kv, d]",
+                           shapes().c_str());
+    if (!absent(sinks) && (sinks.dtype != XINFER_DTYPE_F32 || numel(sinks) != nq))
+        return unsupported(c, op, "%s: sinks must be f32 [n_q]", shapes().c_str());
+    if (ap.k_scale != 1.f && ap.k_scale != 0.f)
+        return unsupported(c, op, "%s: fp8 caches (k_scale %g) are not supported", shapes().c_str(), ap.k_scale);
+    const int64_t T = q.shape[0];
+    if (!is_i32(b.cu_q_lens, b.n_seqs + 1) || !is_i32(b.kv_lens, b.n_seqs) || !is_i32(b.positions, T) ||
+        b.page_table.dtype != XINFER_DTYPE_I32 || numel(b.page_table) != int64_t(b.n_seqs) * b.max_pages_per_seq)
+        return unsupported(c, op, "%s: batch metadata cu_q_lens %s, kv_lens %s, positions %s, page_table %s (i32 "
+                           "[n_seqs+1], [n_seqs], [T], [n_seqs, max_pages])",
+                           shapes().c_str(), shape_str(b.cu_q_lens).c_str(), shape_str(b.kv_lens).c_str(),
+                           shape_str(b.positions).c_str(), shape_str(b.page_table).c_str());
+    const int dk_pad = (dk + 15) / 16 * 16, dv_pad = (dv + 15) / 16 * 16;
+    const AttnSmem L = attn_smem(dk_pad, dv_pad);
+    if (size_t(L.total) > c->smem_optin)
+        return unsupported(c, op, "%s: needs %d bytes of shared memory, device allows %zu", shapes().c_str(), L.total,
+                           c->smem_optin);
+    if (!run || T == 0 || b.n_seqs == 0) return XINFER_OK;
+
+    AttnArgs a{};
+    a.q = q.data;
+    a.k_cache = k_cache.data;
+    a.v_cache = v_cache.data;
+    a.sinks = absent(sinks) ? nullptr : static_cast<const float*>(sinks.data);
+    a.out = out.data;
+    a.cu_q_lens = static_cast<const int32_t*>(b.cu_q_lens.data);
+    a.kv_lens = static_cast<const int32_t*>(b.kv_lens.data);
+    a.positions = static_cast<const int32_t*>(b.positions.data);
+    a.page_table = static_cast<const int32_t*>(b.page_table.data);
+    a.k_page_stride = b.page_stride > 0 ? b.page_stride : int64_t(b.page_size) * nkv * dk;
+    a.v_page_stride = b.page_stride > 0 ? b.page_stride : int64_t(b.page_size) * nkv * dv;
+    a.T = T;
+    a.q_dtype = q.dtype;
+    a.k_dtype = k_cache.dtype;
+    a.v_dtype = v_cache.dtype;
+    a.out_dtype = out.dtype;
+    a.n_seqs = b.n_seqs;
+    a.max_pages = b.max_pages_per_seq;
+    a.page_size = b.page_size;
+    a.nq = nq;
+    a.nkv = nkv;
+    a.group = nq / nkv;
+    a.dk = dk;
+    a.dv = dv;
+    a.dk_pad = dk_pad;
+    a.dv_pad = dv_pad;
+    a.scale = ap.softmax_scale;
+    a.window = ap.window;
+    a.causal = ap.causal;
+    a.k_vec = k_cache.dtype == XINFER_DTYPE_BF16 && dk % 8 == 0 && a.k_page_stride % 8 == 0 &&
+              pointer_alignment(k_cache.data) >= 16;
+    a.v_vec = v_cache.dtype == XINFER_DTYPE_BF16 && dv % 8 == 0 && a.v_page_stride % 8 == 0 &&
+              pointer_alignment(v_cache.data) >= 16;
+
+    // Row tiles: Σ_s ceil(q_len_s · G / 64) ≤ ceil(T · G / 64) + n_seqs.
+    const int64_t row_tiles = ceil_div(T * a.group, kBQ) + b.n_seqs;
+    const int64_t blocks = row_tiles * nkv;
+    int64_t key_span = int64_t(b.max_pages_per_seq) * b.page_size;
+    if (ap.window > 0) key_span = std::min<int64_t>(key_span, (ap.causal ? 1 : 2) * int64_t(ap.window) + kBQ);
+    int n_split = 1;
+    if (blocks < 2 * c->sm_count && key_span > 8 * kBKeys)
+        n_split = int(std::min<int64_t>({ceil_div(2 * c->sm_count, blocks), ceil_div(key_span, 8 * kBKeys), 64}));
+    a.n_split = n_split;
+    if (n_split > 1) {
+        ScratchPlan plan;
+        const size_t off_o = plan.add(size_t(n_split) * size_t(T * nq * dv) * 4);
+        const size_t off_ml = plan.add(size_t(n_split) * size_t(T * nq) * 8);
+        if (int rc = ensure_scratch(c, plan.total)) return rc;
+        a.part_o = reinterpret_cast<float*>(c->scratch + off_o);
+        a.part_ml = reinterpret_cast<float*>(c->scratch + off_ml);
+    }
+    if (L.total > 48 * 1024)
+        XCUDA_TRY(c, cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
+    attention_kernel<<<dim3(unsigned(row_tiles), unsigned(nkv), unsigned(n_split)), kThreads, size_t(L.total),
+                       c->stream>>>(a);
+    XCUDA_CHECK_LAUNCH(c, "attention_kernel");
+    if (n_split > 1) {
+        attention_combine_kernel<<<unsigned(T * nq), 128, 0, c->stream>>>(a.part_o, a.part_ml, a.sinks, n_split,
+                                                                           T * nq, nq, dv, out.data, out.dtype);
+        XCUDA_CHECK_LAUNCH(c, "attention_combine_kernel");
+    }
+    return XINFER_OK;
+}
+
+}  // namespace xcuda

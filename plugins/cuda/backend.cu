@@ -1,0 +1,511 @@
+// The CUDA backend's ABI table: devices, contexts (one stream + cuBLASLt handle + workspaces),
+// memory, copies, the copy-bandwidth probe, op dispatch, graph capture, events and NVTX ranges.
+//
+// Ownership: a context owns its stream, cuBLASLt handle, workspaces and the graphs/events it
+// hands out until they are destroyed through the table. Contexts are not thread-safe (ABI).
+// Every entry point makes the context's device current first, so several contexts on different
+// devices can be driven from one thread.
+#include "common.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define XCUDA_HAVE_NVTX 1
+#else
+#define XCUDA_HAVE_NVTX 0
+#endif
+
+namespace xcuda {
+
+// ---- errors and small helpers --------------------------------------------------------------------
+
+std::string str_format(const char* format, ...) {
+    char buffer[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(buffer, sizeof buffer, format, args);
+    va_end(args);
+    return buffer;
+}
+
+void set_error(Context* c, const char* format, ...) {
+    char buffer[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(buffer, sizeof buffer, format, args);
+    va_end(args);
+    c->error = buffer;
+}
+
+int cuda_fail(Context* c, cudaError_t err, const char* what) {
+    set_error(c, "cuda: %s failed: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+    cudaGetLastError();  // clear a sticky-less error so the next call starts clean
+    return err == cudaErrorMemoryAllocation ? XINFER_OUT_OF_MEMORY : XINFER_ERROR;
+}
+
+int unsupported(Context* c, const xinfer_op* op, const char* format, ...) {
+    char buffer[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(buffer, sizeof buffer, format, args);
+    va_end(args);
+    c->error = str_format("cuda %s%s%s (layer %d): %s", op_name(op->type), op->name ? " " : "",
+                          op->name ? op->name : "", op->layer, buffer);
+    return XINFER_UNSUPPORTED;
+}
+
+int64_t numel(const xinfer_tensor& t) {
+    int64_t n = 1;
+    for (int i = 0; i < t.rank && i < XINFER_MAX_RANK; ++i) n *= t.shape[i];
+    return t.rank == 0 ? 0 : n;
+}
+
+size_t dtype_size(int dtype) {
+    switch (dtype) {
+        case XINFER_DTYPE_F32: case XINFER_DTYPE_I32: return 4;
+        case XINFER_DTYPE_F16: case XINFER_DTYPE_BF16: return 2;
+        case XINFER_DTYPE_I64: return 8;
+        default: return 1;  // f8, e8m0, u8 (fp4 packs two per byte; not used here)
+    }
+}
+
+const char* dtype_name(int dtype) {
+    switch (dtype) {
+        case XINFER_DTYPE_F32: return "f32";
+        case XINFER_DTYPE_F16: return "f16";
+        case XINFER_DTYPE_BF16: return "bf16";
+        case XINFER_DTYPE_F8_E4M3: return "f8_e4m3";
+        case XINFER_DTYPE_E8M0: return "e8m0";
+        case XINFER_DTYPE_FP4_E2M1: return "fp4_e2m1";
+        case XINFER_DTYPE_I32: return "i32";
+        case XINFER_DTYPE_I64: return "i64";
+        case XINFER_DTYPE_U8: return "u8";
+        default: return "?";
+    }
+}
+
+std::string shape_str(const xinfer_tensor& t) {
+    if (t.rank == 0) return "(absent)";
+    std::string s = std::string(dtype_name(t.dtype)) + "[";
+    for (int i = 0; i < t.rank && i < XINFER_MAX_RANK; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+    return s + "]";
+}
+
+const char* op_name(int type) {
+    switch (type) {
+        case XINFER_OP_EMBEDDING: return "embedding";
+        case XINFER_OP_RMSNORM: return "rmsnorm";
+        case XINFER_OP_ADD_RMSNORM: return "add_rmsnorm";
+        case XINFER_OP_MATMUL: return "matmul";
+        case XINFER_OP_ROPE: return "rope";
+        case XINFER_OP_SWIGLU: return "swiglu";
+        case XINFER_OP_SCALE: return "scale";
+        case XINFER_OP_ADD: return "add";
+        case XINFER_OP_KV_STORE: return "kv_store";
+        case XINFER_OP_ATTENTION: return "attention";
+        case XINFER_OP_MOE_ROUTE: return "moe_route";
+        case XINFER_OP_MOE_EXPERTS: return "moe_experts";
+        case XINFER_OP_ARGMAX: return "argmax";
+        case XINFER_OP_SAMPLE: return "sample";
+        case XINFER_OP_CONVERT: return "convert";
+        default: return "unknown_op";
+    }
+}
+
+bool stream_capturing(Context* c) {
+    if (c->capturing) return true;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c->stream, &status) != cudaSuccess) return false;
+    return status != cudaStreamCaptureStatusNone;
+}
+
+int ensure_scratch(Context* c, size_t bytes) {
+    if (bytes <= c->scratch_bytes) return XINFER_OK;
+    if (stream_capturing(c)) {
+        set_error(c,
+                  "cuda: an op needs %zu bytes of workspace but only %zu are allocated, and the workspace cannot grow "
+                  "during graph capture; run the same op shapes once before capturing",
+                  bytes, c->scratch_bytes);
+        return XINFER_ERROR;
+    }
+    // Kernels queued earlier may still use the old buffer.
+    XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
+    if (c->scratch) {
+        if (c->live_graphs > 0) {
+            c->retired.push_back(c->scratch);
+        } else {
+            XCUDA_TRY(c, cudaFree(c->scratch));
+        }
+    }
+    c->scratch = nullptr;
+    c->scratch_bytes = 0;
+    // Grow geometrically so a slowly growing batch does not reallocate every step.
+    const size_t want = std::max(bytes, bytes / 4 * 5);
+    void* p = nullptr;
+    XCUDA_TRY(c, cudaMalloc(&p, want));
+    c->scratch = static_cast<char*>(p);
+    c->scratch_bytes = want;
+    return XINFER_OK;
+}
+
+namespace {
+
+// Makes the context's device current for the duration of an entry point.
+struct DeviceGuard {
+    explicit DeviceGuard(const Context* c) { cudaSetDevice(c->device); }
+};
+
+Context* ctx_of(void* p) { return static_cast<Context*>(p); }
+
+// ---- devices -----------------------------------------------------------------------------------
+
+int device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+int device_props(int device, xinfer_device_props* out) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return XINFER_ERROR;
+    std::memset(out, 0, sizeof *out);
+    const size_t name_len = std::min(std::strlen(prop.name), sizeof out->name - 1);
+    std::memcpy(out->name, prop.name, name_len);
+    out->total_memory = prop.totalGlobalMem;
+    int previous = 0;
+    cudaGetDevice(&previous);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+        out->free_memory = free_bytes;
+        out->total_memory = total_bytes;
+    }
+    cudaSetDevice(previous);
+    out->host_memory = 0;
+    return XINFER_OK;
+}
+
+// ---- contexts ----------------------------------------------------------------------------------
+
+constexpr size_t kLtWorkspaceBytes = size_t(64) << 20;  // cuBLASLt's recommended ceiling on Hopper is 32 MiB+
+
+void context_destroy(void* p);
+
+int context_create(int device, void** out) {
+    *out = nullptr;
+    Context* c = new (std::nothrow) Context();
+    if (!c) return XINFER_OUT_OF_MEMORY;
+    c->device = device;
+    cudaError_t err = cudaSetDevice(device);
+    cudaDeviceProp prop{};
+    if (err == cudaSuccess) err = cudaGetDeviceProperties(&prop, device);
+    if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaMalloc(&c->lt_workspace, kLtWorkspaceBytes);
+    if (err != cudaSuccess) {
+        delete c;
+        return err == cudaErrorMemoryAllocation ? XINFER_OUT_OF_MEMORY : XINFER_ERROR;
+    }
+    c->lt_workspace_bytes = kLtWorkspaceBytes;
+    c->sm_count = prop.multiProcessorCount;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
+    if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
+        context_destroy(c);
+        return XINFER_ERROR;
+    }
+    *out = c;
+    return XINFER_OK;
+}
+
+void context_destroy(void* p) {
+    Context* c = ctx_of(p);
+    if (!c) return;
+    DeviceGuard guard(c);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->lt) cublasLtDestroy(c->lt);
+    if (c->lt_workspace) cudaFree(c->lt_workspace);
+    if (c->scratch) cudaFree(c->scratch);
+    for (void* r : c->retired) cudaFree(r);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    delete c;
+}
+
+const char* last_error(void* p) { return p ? ctx_of(p)->error.c_str() : "cuda: no context"; }
+
+// ---- memory ------------------------------------------------------------------------------------
+
+int alloc(void* p, size_t bytes, void** ptr) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    *ptr = nullptr;
+    // Plain device memory, never managed: managed allocations beyond free memory can hang the GPU.
+    cudaError_t err = cudaMalloc(ptr, std::max<size_t>(bytes, 1));
+    if (err != cudaSuccess) {
+        cuda_fail(c, err, "cudaMalloc");
+        c->error += str_format(" (asked for %zu bytes)", bytes);
+        return err == cudaErrorMemoryAllocation ? XINFER_OUT_OF_MEMORY : XINFER_ERROR;
+    }
+    return XINFER_OK;
+}
+
+void free_(void* p, void* ptr) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    if (ptr) cudaFree(ptr);  // cudaFree waits for work using it to finish
+}
+
+// Stream-ordered. From pageable host memory the runtime stages the bytes before returning; from
+// pinned memory the copy is truly asynchronous, so the host buffer must stay unchanged until the
+// next synchronize (the ABI's contract for upload).
+int upload(void* p, void* dst, const void* src, size_t bytes) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    if (bytes == 0) return XINFER_OK;
+    XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    return XINFER_OK;
+}
+
+int download(void* p, void* dst, const void* src, size_t bytes) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    if (bytes == 0) return XINFER_OK;
+    XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
+    return XINFER_OK;
+}
+
+int copy(void* p, void* dst, const void* src, size_t bytes) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    if (bytes == 0) return XINFER_OK;
+    XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    return XINFER_OK;
+}
+
+int synchronize(void* p) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
+    return XINFER_OK;
+}
+
+// 1 GiB copied device-to-device, best of 5 after a warm-up, counting bytes read plus written.
+int measure_copy_bandwidth(void* p, double* gbps) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    *gbps = 0;
+    if (stream_capturing(c)) {
+        set_error(c, "cuda: measure_copy_bandwidth cannot run during graph capture");
+        return XINFER_ERROR;
+    }
+    const size_t bytes = size_t(1) << 30;
+    void *src = nullptr, *dst = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    int rc = XINFER_OK;
+    auto check = [&](cudaError_t err, const char* what) {
+        if (err != cudaSuccess && rc == XINFER_OK) rc = cuda_fail(c, err, what);
+        return rc == XINFER_OK;
+    };
+    if (check(cudaMalloc(&src, bytes), "cudaMalloc(src)") && check(cudaMalloc(&dst, bytes), "cudaMalloc(dst)") &&
+        check(cudaEventCreate(&start), "cudaEventCreate") && check(cudaEventCreate(&stop), "cudaEventCreate") &&
+        check(cudaMemsetAsync(src, 1, bytes, c->stream), "cudaMemsetAsync") &&
+        check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream), "warm-up copy")) {
+        float best_ms = 1e30f;
+        for (int rep = 0; rep < 5 && rc == XINFER_OK; ++rep) {
+            float ms = 0;
+            if (check(cudaEventRecord(start, c->stream), "cudaEventRecord") &&
+                check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream), "copy") &&
+                check(cudaEventRecord(stop, c->stream), "cudaEventRecord") &&
+                check(cudaEventSynchronize(stop), "cudaEventSynchronize") &&
+                check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime"))
+                best_ms = std::min(best_ms, ms);
+        }
+        if (rc == XINFER_OK) *gbps = 2.0 * double(bytes) / (double(best_ms) * 1e-3) / 1e9;
+    }
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    if (src) cudaFree(src);
+    if (dst) cudaFree(dst);
+    return rc;
+}
+
+// ---- ops ---------------------------------------------------------------------------------------
+
+int dispatch(Context* c, const xinfer_op* op, bool run) {
+    switch (op->type) {
+        case XINFER_OP_EMBEDDING: return op_embedding(c, op, run);
+        case XINFER_OP_RMSNORM: return op_rmsnorm(c, op, run);
+        case XINFER_OP_ADD_RMSNORM: return op_add_rmsnorm(c, op, run);
+        case XINFER_OP_MATMUL: return op_matmul(c, op, run);
+        case XINFER_OP_ROPE: return op_rope(c, op, run);
+        case XINFER_OP_SWIGLU: return op_swiglu(c, op, run);
+        case XINFER_OP_SCALE: return op_scale(c, op, run);
+        case XINFER_OP_ADD: return op_add(c, op, run);
+        case XINFER_OP_KV_STORE: return op_kv_store(c, op, run);
+        case XINFER_OP_ATTENTION: return op_attention(c, op, run);
+        case XINFER_OP_MOE_ROUTE: return op_moe_route(c, op, run);
+        case XINFER_OP_MOE_EXPERTS: return op_moe_experts(c, op, run);
+        case XINFER_OP_ARGMAX: return op_argmax(c, op, run);
+        case XINFER_OP_SAMPLE: return op_sample(c, op, run);
+        case XINFER_OP_CONVERT: return op_convert(c, op, run);
+        default: return unsupported(c, op, "op type %d is not implemented", op->type);
+    }
+}
+
+int supports_op(void* p, const xinfer_op* op) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    return dispatch(c, op, false) == XINFER_OK ? 1 : 0;
+}
+
+int run_op(void* p, const xinfer_op* op) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    return dispatch(c, op, true);
+}
+
+// ---- graphs ------------------------------------------------------------------------------------
+
+int graph_begin(void* p) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    if (c->capturing) {
+        set_error(c, "cuda: graph_begin while a capture is already open");
+        return XINFER_ERROR;
+    }
+    // Thread-local mode: unsafe calls (cudaMalloc, ...) from this thread fail the capture instead
+    // of silently running, and other threads are unaffected.
+    XCUDA_TRY(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = true;
+    return XINFER_OK;
+}
+
+int graph_end(void* p, void** graph) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    *graph = nullptr;
+    if (!c->capturing) {
+        set_error(c, "cuda: graph_end without graph_begin");
+        return XINFER_ERROR;
+    }
+    c->capturing = false;
+    cudaGraph_t g = nullptr;
+    XCUDA_TRY(c, cudaStreamEndCapture(c->stream, &g));
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    if (err != cudaSuccess) return cuda_fail(c, err, "cudaGraphInstantiate");
+    ++c->live_graphs;
+    *graph = exec;
+    return XINFER_OK;
+}
+
+int graph_launch(void* p, void* graph) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    XCUDA_TRY(c, cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), c->stream));
+    return XINFER_OK;
+}
+
+void graph_destroy(void* p, void* graph) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    if (!graph) return;
+    cudaStreamSynchronize(c->stream);  // a replay in flight must finish first
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+    if (--c->live_graphs <= 0) {
+        c->live_graphs = 0;
+        for (void* r : c->retired) cudaFree(r);
+        c->retired.clear();
+    }
+}
+
+// ---- events and ranges ---------------------------------------------------------------------------
+
+int event_record(void* p, void** event) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    cudaEvent_t e = nullptr;
+    XCUDA_TRY(c, cudaEventCreate(&e));
+    cudaError_t err = cudaEventRecord(e, c->stream);
+    if (err != cudaSuccess) {
+        cudaEventDestroy(e);
+        return cuda_fail(c, err, "cudaEventRecord");
+    }
+    *event = e;
+    return XINFER_OK;
+}
+
+int event_elapsed_ms(void* p, void* start, void* end, float* ms) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    XCUDA_TRY(c, cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+    XCUDA_TRY(c, cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+    return XINFER_OK;
+}
+
+void event_destroy(void* p, void* event) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void range_push(void*, const char* name) {
+#if XCUDA_HAVE_NVTX
+    nvtxRangePushA(name ? name : "");
+#else
+    (void)name;
+#endif
+}
+
+void range_pop(void*) {
+#if XCUDA_HAVE_NVTX
+    nvtxRangePop();
+#endif
+}
+
+const xinfer_backend_api kApi = {
+    XINFER_BACKEND_ABI_VERSION,
+    "cuda",
+    device_count,
+    device_props,
+    context_create,
+    context_destroy,
+    last_error,
+    alloc,
+    free_,
+    upload,
+    download,
+    copy,
+    synchronize,
+    measure_copy_bandwidth,
+    supports_op,
+    run_op,
+    graph_begin,
+    graph_end,
+    graph_launch,
+    graph_destroy,
+    event_record,
+    event_elapsed_ms,
+    event_destroy,
+    range_push,
+    range_pop,
+};
+
+}  // namespace
+}  // namespace xcuda
+
+extern "C" __attribute__((visibility("default"))) const xinfer_backend_api* xinfer_backend_init(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    return &xcuda::kApi;
+}

@@ -1,0 +1,146 @@
+// Shared pieces of the CUDA backend plugin: the per-context state, error reporting, the
+// scratch workspace, tensor helpers for validation, and the op entry points each family file
+// defines.
+//
+// Every op entry point has the signature `int op_x(Context*, const xinfer_op*, bool run)`:
+// with run = false it only validates (supports_op; tensor data may be NULL) and with run =
+// true it validates again and enqueues the kernels on the context's stream. Validation failures
+// return XINFER_UNSUPPORTED with last_error naming the op and the shapes. Nothing in a run path
+// allocates device memory except through ensure_scratch, synchronizes, or reads device memory
+// on the host, so every op can be captured into a CUDA graph.
+#pragma once
+
+#include "xinfer/backend_abi.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace xcuda {
+
+// One cached cuBLASLt algorithm per problem signature (see gemm.cu).
+struct GemmKey {
+    int64_t m, n, k;
+    int a_type, b_type, d_type, compute;
+    int align_a, align_b, align_d;
+    bool operator<(const GemmKey& o) const {
+        return std::tie(m, n, k, a_type, b_type, d_type, compute, align_a, align_b, align_d) <
+               std::tie(o.m, o.n, o.k, o.a_type, o.b_type, o.d_type, o.compute, o.align_a, o.align_b, o.align_d);
+    }
+};
+
+struct Context {
+    int device = 0;
+    int sm_count = 0;
+    size_t smem_optin = 0;             // max dynamic shared memory per block (bytes)
+    cudaStream_t stream = nullptr;     // the one in-order, non-blocking stream
+    cublasLtHandle_t lt = nullptr;
+    void* lt_workspace = nullptr;      // fixed at creation so captured GEMMs keep a valid pointer
+    size_t lt_workspace_bytes = 0;
+    // Scratch for ops' temporaries. Grows only outside graph capture; while graphs exist, a
+    // replaced buffer is kept (retired) because captured kernels still point into it.
+    char* scratch = nullptr;
+    size_t scratch_bytes = 0;
+    std::vector<void*> retired;
+    int live_graphs = 0;
+    bool capturing = false;
+    std::map<GemmKey, cublasLtMatmulAlgo_t> algo_cache;
+    std::string error;
+};
+
+// ---- errors ------------------------------------------------------------------------------------
+
+void set_error(Context* c, const char* format, ...) __attribute__((format(printf, 2, 3)));
+std::string str_format(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+// Records a CUDA error on the context and returns XINFER_ERROR (or XINFER_OUT_OF_MEMORY).
+int cuda_fail(Context* c, cudaError_t err, const char* what);
+
+#define XCUDA_TRY(ctx, expr)                                   \
+    do {                                                       \
+        cudaError_t err_ = (expr);                             \
+        if (err_ != cudaSuccess) return ::xcuda::cuda_fail((ctx), err_, #expr); \
+    } while (0)
+
+// After a kernel launch: configuration errors (too much shared memory, bad grid) show up here.
+#define XCUDA_CHECK_LAUNCH(ctx, what) XCUDA_TRY(ctx, cudaGetLastError())
+
+// ---- scratch -----------------------------------------------------------------------------------
+
+// Lays out an op's temporaries inside the scratch buffer: call add() for each, then
+// ensure_scratch(total), then base + offset.
+struct ScratchPlan {
+    size_t total = 0;
+    size_t add(size_t bytes) {
+        const size_t offset = total;
+        total += (bytes + 255) / 256 * 256;
+        return offset;
+    }
+};
+
+// Makes the scratch buffer at least `bytes` long. Fails (XINFER_ERROR) if that would need a
+// reallocation during graph capture.
+int ensure_scratch(Context* c, size_t bytes);
+
+bool stream_capturing(Context* c);
+
+// ---- tensors -----------------------------------------------------------------------------------
+
+inline bool absent(const xinfer_tensor& t) { return t.rank == 0; }
+int64_t numel(const xinfer_tensor& t);
+size_t dtype_size(int dtype);
+const char* dtype_name(int dtype);
+std::string shape_str(const xinfer_tensor& t);  // "bf16[2, 3]"
+inline int64_t rows_of(const xinfer_tensor& t) { return t.rank == 0 ? 0 : numel(t) / t.shape[t.rank - 1]; }
+inline int64_t cols_of(const xinfer_tensor& t) { return t.rank == 0 ? 0 : t.shape[t.rank - 1]; }
+inline bool is_float(int d) { return d == XINFER_DTYPE_F32 || d == XINFER_DTYPE_BF16 || d == XINFER_DTYPE_F16; }
+inline bool is_act(int d) { return d == XINFER_DTYPE_F32 || d == XINFER_DTYPE_BF16; }
+const char* op_name(int type);
+inline int pointer_alignment(const void* p) {  // largest power of two ≤ 256 dividing p
+    const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+    int a = 1;
+    while (a < 256 && (v % uintptr_t(2 * a)) == 0) a *= 2;
+    return a;
+}
+
+// Unsupported-op helper: formats "OP (layer L): message" into last_error.
+int unsupported(Context* c, const xinfer_op* op, const char* format, ...) __attribute__((format(printf, 3, 4)));
+
+// ---- op entry points (one family per .cu file) --------------------------------------------------
+
+// elementwise.cu
+int op_embedding(Context* c, const xinfer_op* op, bool run);
+int op_rmsnorm(Context* c, const xinfer_op* op, bool run);
+int op_add_rmsnorm(Context* c, const xinfer_op* op, bool run);
+int op_rope(Context* c, const xinfer_op* op, bool run);
+int op_swiglu(Context* c, const xinfer_op* op, bool run);
+int op_scale(Context* c, const xinfer_op* op, bool run);
+int op_add(Context* c, const xinfer_op* op, bool run);
+int op_convert(Context* c, const xinfer_op* op, bool run);
+// gemm.cu
+int op_matmul(Context* c, const xinfer_op* op, bool run);
+// moe.cu
+int op_moe_route(Context* c, const xinfer_op* op, bool run);
+int op_moe_experts(Context* c, const xinfer_op* op, bool run);
+// attention.cu
+int op_kv_store(Context* c, const xinfer_op* op, bool run);
+int op_attention(Context* c, const xinfer_op* op, bool run);
+// sampling.cu
+int op_argmax(Context* c, const xinfer_op* op, bool run);
+int op_sample(Context* c, const xinfer_op* op, bool run);
+
+// ---- shared launchers (defined in the family files, used across them) ---------------------------
+
+// dst[i] = src[i] converted, n elements, any of f32/bf16/f16 each side (elementwise.cu).
+int launch_convert(Context* c, const void* src, int src_dtype, void* dst, int dst_dtype, int64_t n);
+// out[r, i] = silu(gu[r, i]) * gu[r, I + i] (elementwise.cu).
+int launch_swiglu(Context* c, const void* gate_up, int gu_dtype, void* out, int out_dtype, int64_t rows, int64_t inner);
+
+}  // namespace xcuda

@@ -1,0 +1,408 @@
+// MATMUL: y[T, N] = x[T, K] · w[N, K]ᵀ.
+//
+//  - f32 / bf16 / f16 weights go to cuBLASLt (x converted to the weight's dtype first when it
+//    differs; y may be f32, e.g. logits). cuBLASLt is column-major, so we ask it for
+//    yᵀ[N, T] = w[N, K] · xᵀ, which is the row-major y with no transposes in memory: A = w
+//    viewed as a K×N column-major matrix with op T, B = x viewed as K×T with op N.
+//  - FP8-e4m3 weights with block scales (and bf16 shapes cuBLASLt rejects) go to the custom
+//    tensor-core kernel below, which dequantizes each 64×32 weight tile into shared memory as
+//    bf16; the same kernel runs the grouped expert GEMMs of moe.cu.
+//
+// Measured figures and the plan for a wgmma / native-FP8 path: see plugins/cuda/README.md.
+#include "gemm.h"
+
+#include "device_utils.cuh"
+
+#include <mma.h>
+
+#include <algorithm>
+
+namespace xcuda {
+namespace {
+
+using namespace nvcuda;
+
+// ---- the custom GEMM kernel ------------------------------------------------------------------------
+
+constexpr int kBM = kGemmTileM, kBN = kGemmTileN, kBK = 32;
+constexpr int kLds = kBK + 8;        // bf16 row stride in shared memory: 80 B keeps 16-B stores aligned and
+                                     // spreads the 16 rows a fragment load touches over the banks
+constexpr int kLdc = kBN + 4;        // f32 staging stride for the epilogue
+constexpr int kGemmThreads = 128;    // 4 warps, 2×2, each a 32×32 block of C (2×2 wmma 16×16 fragments)
+
+struct GemmFlags {
+    bool a_vec, b_vec;  // 16-byte vector loads are legal (alignment and strides)
+};
+
+// The scale of weight element (row, col) of one group.
+__device__ __forceinline__ float fp8_scale(const GroupedGemm& p, const float* scale, int64_t row, int64_t col) {
+    const int64_t srow = (row / p.shard_rows) * p.blocks_per_shard + (row % p.shard_rows) / p.block_rows;
+    return scale[srow * p.scale_cols + col / p.block_cols];
+}
+
+__global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(GroupedGemm p, GemmFlags flags) {
+    __shared__ __align__(128) __nv_bfloat16 As[2][kBM][kLds];
+    __shared__ __align__(128) __nv_bfloat16 Bs[2][kBN][kLds];
+    __shared__ __align__(128) float Cs[kBM][kLdc];
+
+    int64_t group = 0, row_begin, row_end;
+    if (p.tiles) {
+        if (int(blockIdx.x) >= *p.n_tiles) return;
+        const int4 t = p.tiles[blockIdx.x];
+        group = t.x;
+        row_begin = t.y;
+        row_end = t.z;
+    } else {
+        row_begin = int64_t(blockIdx.x) * kBM;
+        row_end = min(p.m, row_begin + kBM);
+    }
+    const int64_t n0 = int64_t(blockIdx.y) * kBN;
+    const int tid = threadIdx.x;
+
+    // A: each thread stages two 8-element chunks per K step, rows tid/4 and tid/4 + 32.
+    const int a_col = (tid % 4) * 8;
+    const __nv_bfloat16* a_ptr[2];
+    for (int i = 0; i < 2; ++i) {
+        const int64_t r = row_begin + tid / 4 + 32 * i;
+        a_ptr[i] = nullptr;
+        if (r < row_end) {
+            const int64_t src = p.a_rows ? int64_t(p.a_rows[r]) / p.a_row_div : r;
+            a_ptr[i] = p.a + src * p.lda;
+        }
+    }
+    // B bf16: like A. B f8: one 16-byte chunk per thread, row tid/2, columns (tid%2)·16.
+    const bool b_fp8 = p.b_dtype == XINFER_DTYPE_F8_E4M3;
+    const int b_col = b_fp8 ? (tid % 2) * 16 : (tid % 4) * 8;
+    const int b_row0 = b_fp8 ? tid / 2 : tid / 4;
+    const char* b_base = static_cast<const char*>(p.b) + group * p.b_group_stride * (b_fp8 ? 1 : 2);
+    const float* scale = b_fp8 ? p.b_scale + group * p.scale_group_stride : nullptr;
+
+    uint4 a_reg[2], b_reg[2];
+    float b_scale_reg[16];
+    const int64_t K = p.k;
+
+    auto load_tile = [&](int64_t k0) {
+        for (int i = 0; i < 2; ++i) {
+            const int64_t kc = k0 + a_col;
+            if (!a_ptr[i]) {
+                a_reg[i] = make_uint4(0, 0, 0, 0);
+            } else if (flags.a_vec && kc + 8 <= K) {
+                a_reg[i] = *reinterpret_cast<const uint4*>(a_ptr[i] + kc);
+            } else {
+                __nv_bfloat16 v[8];
+                for (int e = 0; e < 8; ++e) v[e] = kc + e < K ? a_ptr[i][kc + e] : __float2bfloat16(0.f);
+                a_reg[i] = *reinterpret_cast<uint4*>(v);
+            }
+        }
+        if (!b_fp8) {
+            for (int i = 0; i < 2; ++i) {
+                const int64_t row = n0 + b_row0 + 32 * i, kc = k0 + b_col;
+                const __nv_bfloat16* w = reinterpret_cast<const __nv_bfloat16*>(b_base) + row * K;
+                if (row >= p.n) {
+                    b_reg[i] = make_uint4(0, 0, 0, 0);
+                } else if (flags.b_vec && kc + 8 <= K) {
+                    b_reg[i] = *reinterpret_cast<const uint4*>(w + kc);
+                } else {
+                    __nv_bfloat16 v[8];
+                    for (int e = 0; e < 8; ++e) v[e] = kc + e < K ? w[kc + e] : __float2bfloat16(0.f);
+                    b_reg[i] = *reinterpret_cast<uint4*>(v);
+                }
+            }
+        } else {
+            const int64_t row = n0 + b_row0, kc = k0 + b_col;
+            const uint8_t* w = reinterpret_cast<const uint8_t*>(b_base) + row * K;
+            if (row >= p.n) {
+                b_reg[0] = make_uint4(0, 0, 0, 0);
+                for (int e = 0; e < 16; ++e) b_scale_reg[e] = 0.f;
+            } else {
+                if (flags.b_vec && kc + 16 <= K) {
+                    b_reg[0] = *reinterpret_cast<const uint4*>(w + kc);
+                } else {
+                    uint8_t v[16];
+                    for (int e = 0; e < 16; ++e) v[e] = kc + e < K ? w[kc + e] : uint8_t(0);
+                    b_reg[0] = *reinterpret_cast<uint4*>(v);
+                }
+                // One scale for the chunk unless it straddles a scale block (block_cols % 16 != 0).
+                const int64_t last = min(kc + 15, K - 1);
+                if (kc >= K || kc / p.block_cols == last / p.block_cols) {
+                    const float s = kc < K ? fp8_scale(p, scale, row, kc) : 0.f;
+                    for (int e = 0; e < 16; ++e) b_scale_reg[e] = s;
+                } else {
+                    for (int e = 0; e < 16; ++e) b_scale_reg[e] = kc + e < K ? fp8_scale(p, scale, row, kc + e) : 0.f;
+                }
+            }
+        }
+    };
+
+    auto store_tile = [&](int buf) {
+        for (int i = 0; i < 2; ++i) *reinterpret_cast<uint4*>(&As[buf][tid / 4 + 32 * i][a_col]) = a_reg[i];
+        if (!b_fp8) {
+            for (int i = 0; i < 2; ++i) *reinterpret_cast<uint4*>(&Bs[buf][b_row0 + 32 * i][b_col]) = b_reg[i];
+        } else {
+            const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&b_reg[0]);
+            __nv_bfloat16 v[16];
+#pragma unroll
+            for (int e = 0; e < 16; ++e) v[e] = __float2bfloat16_rn(fp8_to_float(bytes[e]) * b_scale_reg[e]);
+            *reinterpret_cast<uint4*>(&Bs[buf][b_row0][b_col]) = *reinterpret_cast<uint4*>(&v[0]);
+            *reinterpret_cast<uint4*>(&Bs[buf][b_row0][b_col + 8]) = *reinterpret_cast<uint4*>(&v[8]);
+        }
+    };
+
+    const int warp = tid / 32, wm = warp / 2, wn = warp % 2;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+
+    const int64_t k_steps = (K + kBK - 1) / kBK;
+    load_tile(0);
+    store_tile(0);
+    __syncthreads();
+    // Two shared buffers: step s computes from buf s&1 while the loads for s+1 are in flight;
+    // one barrier per step suffices because buf (s+1)&1 was last read during step s-1.
+    for (int64_t s = 0; s < k_steps; ++s) {
+        const int buf = int(s & 1);
+        if (s + 1 < k_steps) load_tile((s + 1) * kBK);
+#pragma unroll
+        for (int kk = 0; kk < kBK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &As[buf][wm * 32 + i * 16][kk], kLds);
+            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &Bs[buf][wn * 32 + j * 16][kk], kLds);
+            for (int i = 0; i < 2; ++i)
+                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        if (s + 1 < k_steps) store_tile(buf ^ 1);
+        __syncthreads();
+    }
+
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kLdc, wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = tid; idx < kBM * kBN; idx += kGemmThreads) {
+        const int r = idx / kBN, col = idx % kBN;
+        const int64_t row = row_begin + r, n = n0 + col;
+        if (row >= row_end || n >= p.n) continue;
+        const int64_t dst = p.c_rows ? int64_t(p.c_rows[row]) : row;
+        store_f(p.c, p.c_dtype, dst * p.ldc + n, Cs[r][col]);
+    }
+}
+
+// ---- cuBLASLt --------------------------------------------------------------------------------------
+
+cudaDataType cuda_type(int dtype) {
+    switch (dtype) {
+        case XINFER_DTYPE_BF16: return CUDA_R_16BF;
+        case XINFER_DTYPE_F16: return CUDA_R_16F;
+        default: return CUDA_R_32F;
+    }
+}
+
+// y[T, N] = x[T, K] · w[N, K]ᵀ with x and w of dtype ab, y of dtype d. Returns XINFER_UNSUPPORTED
+// (without an error message) when cuBLASLt offers no algorithm, so the caller can fall back.
+int lt_matmul(Context* c, const void* x, const void* w, void* y, int64_t T, int64_t N, int64_t K, int ab, int d) {
+    const cudaDataType ab_type = cuda_type(ab), d_type = cuda_type(d);
+    // f32 inputs: plain f32 (the path tests and reference runs take); 16-bit inputs: f32 accumulation.
+    const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+    GemmKey key{N, T, K, int(ab_type), int(ab_type), int(d_type), int(compute),
+                pointer_alignment(w), pointer_alignment(x), pointer_alignment(y)};
+
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, d_layout = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    int rc = XINFER_OK;
+    auto lt_check = [&](cublasStatus_t status, const char* what) {
+        if (status != CUBLAS_STATUS_SUCCESS && rc == XINFER_OK) {
+            set_error(c, "cuda matmul: %s failed with cuBLAS status %d (T=%lld N=%lld K=%lld)", what, int(status),
+                      (long long)T, (long long)N, (long long)K);
+            rc = XINFER_ERROR;
+        }
+        return rc == XINFER_OK;
+    };
+    if (lt_check(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F), "MatmulDescCreate") &&
+        lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a),
+                 "TRANSA") &&
+        lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b),
+                 "TRANSB") &&
+        lt_check(cublasLtMatrixLayoutCreate(&a_layout, ab_type, uint64_t(K), uint64_t(N), K), "layout A") &&
+        lt_check(cublasLtMatrixLayoutCreate(&b_layout, ab_type, uint64_t(K), uint64_t(T), K), "layout B") &&
+        lt_check(cublasLtMatrixLayoutCreate(&d_layout, d_type, uint64_t(N), uint64_t(T), N), "layout D")) {
+        auto it = c->algo_cache.find(key);
+        cublasLtMatmulAlgo_t algo{};
+        bool have_algo = false;
+        if (it != c->algo_cache.end()) {
+            algo = it->second;
+            have_algo = true;
+        } else if (lt_check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate")) {
+            const uint64_t ws = c->lt_workspace_bytes;
+            const uint32_t align_a = uint32_t(key.align_a), align_b = uint32_t(key.align_b),
+                           align_d = uint32_t(key.align_d);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+            // The heuristic otherwise assumes 256-byte-aligned operands, and views into fused
+            // buffers (a q slice of a qkv output) can be less aligned.
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                 sizeof align_a);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                 sizeof align_b);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                 sizeof align_d);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                 sizeof align_d);
+            cublasLtMatmulHeuristicResult_t result{};
+            int found = 0;
+            if (cublasLtMatmulAlgoGetHeuristic(c->lt, desc, a_layout, b_layout, d_layout, d_layout, pref, 1, &result,
+                                               &found) == CUBLAS_STATUS_SUCCESS &&
+                found > 0) {
+                algo = result.algo;
+                have_algo = true;
+                c->algo_cache[key] = algo;
+            }
+        }
+        if (!have_algo) {
+            rc = XINFER_UNSUPPORTED;
+        } else {
+            const float alpha = 1.f, beta = 0.f;
+            lt_check(cublasLtMatmul(c->lt, desc, &alpha, w, a_layout, x, b_layout, &beta, y, d_layout, y, d_layout,
+                                    &algo, c->lt_workspace, c->lt_workspace_bytes, c->stream),
+                     "cublasLtMatmul");
+        }
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d_layout) cublasLtMatrixLayoutDestroy(d_layout);
+    if (b_layout) cublasLtMatrixLayoutDestroy(b_layout);
+    if (a_layout) cublasLtMatrixLayoutDestroy(a_layout);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return rc;
+}
+
+// The scale grid of an f8 weight [N, K] with scale [scale_rows, scale_cols]: contiguous when
+// scale_rows == ceil(N / block_rows), else the smallest equal row-shard count that explains
+// scale_rows (tensor-parallel exports restart the grid per shard; see src/loader/fp8_block.h).
+bool fit_scale_grid(int64_t N, int64_t K, int64_t br, int64_t bc, int64_t scale_rows, int64_t scale_cols,
+                    int64_t* shard_rows, int64_t* blocks_per_shard) {
+    if (br <= 0 || bc <= 0 || scale_cols != ceil_div(K, bc)) return false;
+    for (int64_t shards = 1; shards <= N; ++shards) {
+        if (N % shards) continue;
+        const int64_t rows = N / shards, blocks = ceil_div(rows, br);
+        if (shards * blocks == scale_rows) {
+            *shard_rows = rows;
+            *blocks_per_shard = blocks;
+            return true;
+        }
+        if (shards * blocks > scale_rows) break;
+    }
+    return false;
+}
+
+}  // namespace
+
+int launch_grouped_gemm(Context* c, const GroupedGemm& g, int64_t max_tiles) {
+    const int64_t row_tiles = g.tiles ? max_tiles : ceil_div(g.m, kBM);
+    const int64_t col_tiles = ceil_div(g.n, kBN);
+    if (row_tiles <= 0 || col_tiles <= 0) return XINFER_OK;
+    if (col_tiles > 65535) {
+        set_error(c, "cuda gemm: N = %lld needs %lld column tiles (limit 65535)", (long long)g.n, (long long)col_tiles);
+        return XINFER_ERROR;
+    }
+    const size_t b_elem = g.b_dtype == XINFER_DTYPE_F8_E4M3 ? 1 : 2;
+    GemmFlags flags;
+    flags.a_vec = g.lda % 8 == 0 && g.k % 8 == 0 && pointer_alignment(g.a) >= 16;
+    flags.b_vec = (g.k * int64_t(b_elem)) % 16 == 0 && (g.b_group_stride * int64_t(b_elem)) % 16 == 0 &&
+                  pointer_alignment(g.b) >= 16;
+    GroupedGemm p = g;
+    if (p.shard_rows <= 0) p.shard_rows = p.n;
+    if (p.blocks_per_shard <= 0) p.blocks_per_shard = ceil_div(p.shard_rows, p.block_rows);
+    grouped_gemm_kernel<<<dim3(unsigned(row_tiles), unsigned(col_tiles)), kGemmThreads, 0, c->stream>>>(p, flags);
+    XCUDA_CHECK_LAUNCH(c, "grouped_gemm_kernel");
+    return XINFER_OK;
+}
+
+int op_matmul(Context* c, const xinfer_op* op, bool run) {
+    const xinfer_tensor &x = op->src[0], &w = op->src[1], &w_scale = op->src[2], &y = op->dst[0];
+    const auto shapes = [&] {
+        return str_format("x %s, w %s, w_scale %s, y %s", shape_str(x).c_str(), shape_str(w).c_str(),
+                          shape_str(w_scale).c_str(), shape_str(y).c_str());
+    };
+    if (w.rank != 2 || x.rank < 1 || y.rank < 1)
+        return unsupported(c, op, "%s: expected x [T, K], w [N, K], y [T, N]", shapes().c_str());
+    const int64_t T = rows_of(x), K = cols_of(x), N = w.shape[0];
+    if (w.shape[1] != K || rows_of(y) != T || cols_of(y) != N)
+        return unsupported(c, op, "%s: expected x [T, K], w [N, K], y [T, N]", shapes().c_str());
+
+    const bool fp8 = w.dtype == XINFER_DTYPE_F8_E4M3;
+    int compute_dtype = w.dtype;  // dtype x is converted to
+    bool dtypes_ok = false;
+    switch (w.dtype) {
+        case XINFER_DTYPE_F32: dtypes_ok = is_float(x.dtype) && y.dtype == XINFER_DTYPE_F32; break;
+        case XINFER_DTYPE_BF16: dtypes_ok = is_float(x.dtype) && is_act(y.dtype); break;
+        case XINFER_DTYPE_F16:
+            dtypes_ok = is_float(x.dtype) && (y.dtype == XINFER_DTYPE_F16 || y.dtype == XINFER_DTYPE_F32);
+            break;
+        case XINFER_DTYPE_F8_E4M3:
+            dtypes_ok = is_float(x.dtype) && is_act(y.dtype);
+            compute_dtype = XINFER_DTYPE_BF16;
+            break;
+        default: break;
+    }
+    if (!dtypes_ok)
+        return unsupported(c, op, "%s: supported (w, y) pairs are (f32, f32), (bf16, bf16|f32), (f16, f16|f32), "
+                           "(f8_e4m3 + f32 block scales, bf16|f32); x any of f32/bf16/f16",
+                           shapes().c_str());
+    const int64_t br = op->params.matmul.block_rows > 0 ? op->params.matmul.block_rows : 128;
+    const int64_t bc = op->params.matmul.block_cols > 0 ? op->params.matmul.block_cols : 128;
+    int64_t shard_rows = 0, blocks_per_shard = 0;
+    if (fp8) {
+        if (w_scale.rank != 2 || w_scale.dtype != XINFER_DTYPE_F32 ||
+            !fit_scale_grid(N, K, br, bc, w_scale.shape[0], w_scale.shape[1], &shard_rows, &blocks_per_shard))
+            return unsupported(c, op, "%s: f8 weights need f32 scales [ceil(N/%lld), ceil(K/%lld)]", shapes().c_str(),
+                               (long long)br, (long long)bc);
+    } else if (!absent(w_scale)) {
+        return unsupported(c, op, "%s: block scales are only for f8_e4m3 weights", shapes().c_str());
+    }
+    if (!run || T == 0 || N == 0) return XINFER_OK;
+
+    // x in the compute dtype, converted into scratch when it differs.
+    const void* xa = x.data;
+    if (x.dtype != compute_dtype) {
+        ScratchPlan plan;
+        const size_t off = plan.add(size_t(T * K) * dtype_size(compute_dtype));
+        if (int rc = ensure_scratch(c, plan.total)) return rc;
+        void* converted = c->scratch + off;
+        if (int rc = launch_convert(c, x.data, x.dtype, converted, compute_dtype, T * K)) return rc;
+        xa = converted;
+    }
+    if (K == 0) {
+        XCUDA_TRY(c, cudaMemsetAsync(y.data, 0, size_t(T * N) * dtype_size(y.dtype), c->stream));
+        return XINFER_OK;
+    }
+    if (!fp8) {
+        const int rc = lt_matmul(c, xa, w.data, y.data, T, N, K, compute_dtype, y.dtype);
+        if (rc != XINFER_UNSUPPORTED) return rc;
+        if (w.dtype != XINFER_DTYPE_BF16)
+            return unsupported(c, op, "%s: cuBLASLt has no algorithm for this shape/alignment", shapes().c_str());
+        // bf16 shapes cuBLASLt rejects (odd K, unaligned views) take the custom kernel.
+    }
+    GroupedGemm g;
+    g.a = static_cast<const __nv_bfloat16*>(xa);
+    g.lda = K;
+    g.b = w.data;
+    g.b_dtype = w.dtype;
+    g.n = N;
+    g.k = K;
+    if (fp8) {
+        g.b_scale = static_cast<const float*>(w_scale.data);
+        g.scale_cols = w_scale.shape[1];
+        g.block_rows = br;
+        g.block_cols = bc;
+        g.shard_rows = shard_rows;
+        g.blocks_per_shard = blocks_per_shard;
+    }
+    g.c = y.data;
+    g.c_dtype = y.dtype;
+    g.ldc = N;
+    g.m = T;
+    return launch_grouped_gemm(c, g, 0);
+}
+
+}  // namespace xcuda

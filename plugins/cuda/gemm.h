@@ -1,0 +1,50 @@
+// The custom tensor-core GEMM used where cuBLASLt does not fit: FP8 block-scaled weights
+// (dequantized tile by tile into shared memory) and grouped expert GEMMs whose per-expert row
+// counts exist only on the device. Defined in gemm.cu, used by gemm.cu and moe.cu.
+#pragma once
+
+#include "common.h"
+
+#include <cuda_bf16.h>
+
+namespace xcuda {
+
+constexpr int kGemmTileM = 64;  // rows of C per block; grouped tile lists are built in units of this
+constexpr int kGemmTileN = 64;
+
+// C[row, n] = Σ_k A[a_row(row), k] · B[group][n, k], f32 accumulation, bf16 tensor cores.
+//
+// Rows come in tiles of ≤ kGemmTileM rows that share one weight group. Dense use (tiles ==
+// nullptr): tile x covers rows [x·64, min(m, x·64+64)) of group 0. Grouped use: tiles[x] =
+// (group, row_begin, row_end, 0) for x < *n_tiles, built on the device (moe.cu); blocks past
+// *n_tiles exit at once, so the grid can be sized by an upper bound without a host read.
+struct GroupedGemm {
+    const __nv_bfloat16* a = nullptr;  // [*, lda] activations
+    int64_t lda = 0;
+    const int32_t* a_rows = nullptr;   // [rows]: A row of tile-space row i is a_rows[i] / a_row_div; null = i
+    int a_row_div = 1;
+
+    const void* b = nullptr;           // [groups][n, k] bf16 or f8_e4m3 weights, row-major
+    int b_dtype = XINFER_DTYPE_BF16;
+    int64_t n = 0, k = 0;
+    int64_t b_group_stride = 0;        // elements between groups
+    // f8 only: w[r, c] = fp8(B[r, c]) · scale[scale_row(r), c / block_cols]; scale_row restarts
+    // every shard_rows rows (tensor-parallel exports), blocks_per_shard rows of scale per shard.
+    const float* b_scale = nullptr;    // [groups][scale_rows, scale_cols]
+    int64_t scale_cols = 0, scale_group_stride = 0;
+    int64_t block_rows = 128, block_cols = 128, shard_rows = 0, blocks_per_shard = 0;
+
+    void* c = nullptr;                 // [*, ldc] f32 / bf16 / f16
+    int c_dtype = XINFER_DTYPE_F32;
+    int64_t ldc = 0;
+    const int32_t* c_rows = nullptr;   // [rows]: C row of tile-space row i; null = i
+
+    const int4* tiles = nullptr;       // grouped: [max_tiles] (group, row_begin, row_end, 0)
+    const int32_t* n_tiles = nullptr;  // grouped: device count of valid tiles
+    int64_t m = 0;                     // dense: rows
+};
+
+// Launches ceil(m/64) (dense) or max_tiles (grouped) row tiles × ceil(n/64) column tiles.
+int launch_grouped_gemm(Context* c, const GroupedGemm& g, int64_t max_tiles);
+
+}  // namespace xcuda

@@ -1,0 +1,344 @@
+// Mixture-of-experts on the device: the router (MOE_ROUTE) and the grouped expert FFN
+// (MOE_EXPERTS).
+//
+// MOE_EXPERTS never reads routing decisions on the host (so it can be captured in a graph):
+//   1. count the (token, slot) pairs per expert                         counts[E]
+//   2. one block turns counts into offsets and a list of ≤64-row tiles  tiles[max_tiles], n_tiles
+//      (each tile = one expert's rows), sized by an upper bound known on the host:
+//      max_tiles = ceil(P / 64) + min(E, P), P = T · top_k pairs
+//   3. scatter pair ids into expert-sorted order                        sorted[P]
+//   4. gate_up GEMM over the tiles, gathering x rows on the fly         gu[P, 2I] bf16 (sorted order)
+//   5. swiglu                                                           h[P, I] bf16
+//   6. down GEMM, scattering each row to its pair id                    dn[P, H] f32 (pair order)
+//   7. combine: out[t] = Σ_slot weight[t, slot] · dn[t·k + slot]        fixed order → deterministic
+// The order of rows inside an expert's block depends on atomics, but every row is computed
+// independently and the combine sums in slot order, so results are bitwise reproducible.
+#include "gemm.h"
+
+#include "device_utils.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+namespace xcuda {
+namespace {
+
+// ---- router --------------------------------------------------------------------------------------
+
+// One block per token. Semantics match the CPU oracle (src/backend/cpu/moe.cpp): scores by
+// softmax or sigmoid in f32; selection = scores + bias; DeepSeek group limit (group score = sum
+// of the group's top-2 selection scores, keep topk_group groups, others -inf); top_k by
+// selection descending, ties to the lower index; weights from the unbiased scores, optionally
+// renormalised by (sum + 1e-20), times routed_scaling_factor.
+__global__ void route_kernel(const float* logits /*[T, E]*/, const float* bias /*[E] or null*/, int E, int scoring,
+                             int top_k, int n_group, int topk_group, int norm_topk_prob, float scaling,
+                             int32_t* ids /*[T, top_k]*/, float* weights /*[T, top_k]*/) {
+    extern __shared__ float smem[];
+    float* scores = smem;                                          // [E]
+    float* selection = scores + E;                                 // [E]
+    float* group_score = selection + E;                            // [n_group]
+    unsigned char* taken = reinterpret_cast<unsigned char*>(group_score + n_group);  // [E]
+    unsigned char* keep_group = taken + E;                         // [n_group]
+    __shared__ float reduce[32];
+    __shared__ ArgBest reduce_arg[32];
+    __shared__ int32_t chosen[64];
+
+    const int64_t t = blockIdx.x;
+    const float* row = logits + t * E;
+    if (scoring == 0) {
+        float m = -INFINITY;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, row[e]);
+        m = warp_max(m);
+        if ((threadIdx.x & 31) == 0) reduce[threadIdx.x >> 5] = m;
+        __syncthreads();
+        float max_logit = -INFINITY;
+        for (int w = 0; w < int((blockDim.x + 31) >> 5); ++w) max_logit = fmaxf(max_logit, reduce[w]);
+        float partial = 0.f;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            scores[e] = expf(row[e] - max_logit);
+            partial += scores[e];
+        }
+        const float sum = block_sum(partial, reduce);
+        for (int e = threadIdx.x; e < E; e += blockDim.x) scores[e] /= sum;
+    } else {
+        for (int e = threadIdx.x; e < E; e += blockDim.x) scores[e] = 1.f / (1.f + expf(-row[e]));
+    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        selection[e] = scores[e] + (bias ? bias[e] : 0.f);
+        taken[e] = 0;
+    }
+    __syncthreads();
+
+    if (topk_group < n_group) {
+        const int group_size = E / n_group;
+        for (int g = threadIdx.x; g < n_group; g += blockDim.x) {
+            float best = -INFINITY, second = -INFINITY;
+            for (int i = 0; i < group_size; ++i) {
+                const float v = selection[g * group_size + i];
+                if (v > best) {
+                    second = best;
+                    best = v;
+                } else if (v > second) {
+                    second = v;
+                }
+            }
+            group_score[g] = group_size >= 2 ? best + second : best;
+            keep_group[g] = 0;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < topk_group; ++i) {
+                int best = -1;
+                for (int g = 0; g < n_group; ++g)
+                    if (!keep_group[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+                keep_group[best] = 1;
+            }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (!keep_group[e / group_size]) selection[e] = -INFINITY;
+        __syncthreads();
+    }
+
+    for (int i = 0; i < top_k; ++i) {
+        ArgBest local{-INFINITY, -1};
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (!taken[e]) local = arg_better(local, ArgBest{selection[e], e});
+        const ArgBest best = block_arg_best(local, reduce_arg);
+        if (threadIdx.x == 0) {
+            chosen[i] = best.index;
+            if (best.index >= 0) taken[best.index] = 1;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float sum = 0.f;
+        for (int i = 0; i < top_k; ++i) sum += chosen[i] >= 0 ? scores[chosen[i]] : 0.f;
+        const float factor = scaling / (norm_topk_prob ? sum + 1e-20f : 1.f);
+        for (int i = 0; i < top_k; ++i) {
+            ids[t * top_k + i] = chosen[i];
+            weights[t * top_k + i] = (chosen[i] >= 0 ? scores[chosen[i]] : 0.f) * factor;
+        }
+    }
+}
+
+// ---- grouped experts -----------------------------------------------------------------------------
+
+__global__ void count_kernel(const int32_t* ids /*[P]*/, int64_t P, int E, int32_t* counts /*[E]*/) {
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < P; p += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t e = ids[p];
+        if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+    }
+}
+
+// One block: offsets, per-expert tile lists, scatter cursors.
+__global__ void plan_kernel(const int32_t* counts /*[E]*/, int E, int32_t* cursor /*[E]*/,
+                            int32_t* tile_offset /*[E]*/, int4* tiles /*[max_tiles]*/, int32_t* n_tiles) {
+    if (threadIdx.x == 0) {
+        int32_t rows = 0, n = 0;
+        for (int e = 0; e < E; ++e) {
+            cursor[e] = rows;
+            tile_offset[e] = n;
+            rows += counts[e];
+            n += (counts[e] + kGemmTileM - 1) / kGemmTileM;
+        }
+        *n_tiles = n;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const int32_t begin = cursor[e], end = begin + counts[e];
+        int32_t slot = tile_offset[e];
+        for (int32_t r = begin; r < end; r += kGemmTileM) tiles[slot++] = make_int4(e, r, min(end, r + kGemmTileM), 0);
+    }
+}
+
+__global__ void scatter_kernel(const int32_t* ids /*[P]*/, int64_t P, int E, int32_t* cursor /*[E]*/,
+                               int32_t* sorted /*[P]*/) {
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < P; p += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t e = ids[p];
+        if (e >= 0 && e < E) sorted[atomicAdd(&cursor[e], 1)] = int32_t(p);
+    }
+}
+
+// out[t, h] = Σ_slot weights[t, slot] · dn[t·k + slot, h]; a pair with an invalid expert id
+// poisons its token's row with NaN (the CPU oracle reports an error).
+__global__ void combine_kernel(const float* dn /*[T·k, H]*/, const int32_t* ids /*[T, k]*/,
+                               const float* weights /*[T, k]*/, int top_k, int E, int64_t H, void* out /*[T, H]*/,
+                               int out_dtype) {
+    const int64_t t = blockIdx.x;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < top_k; ++s) {
+            const int32_t e = ids[t * top_k + s];
+            acc += (e >= 0 && e < E) ? weights[t * top_k + s] * dn[(t * top_k + s) * H + h] : __int_as_float(0x7fc00000);
+        }
+        store_f(out, out_dtype, t * H + h, acc);
+    }
+}
+
+bool expert_weight_ok(const xinfer_tensor& w, const xinfer_tensor& scale, int64_t E, int64_t rows, int64_t cols,
+                      int64_t br, int64_t bc) {
+    if (w.rank != 3 || w.shape[0] != E || w.shape[1] != rows || w.shape[2] != cols) return false;
+    if (w.dtype == XINFER_DTYPE_BF16) return absent(scale);
+    if (w.dtype != XINFER_DTYPE_F8_E4M3) return false;
+    return scale.dtype == XINFER_DTYPE_F32 && scale.rank == 3 && scale.shape[0] == E &&
+           scale.shape[1] == ceil_div(rows, br) && scale.shape[2] == ceil_div(cols, bc);
+}
+
+}  // namespace
+
+int op_moe_route(Context* c, const xinfer_op* op, bool run) {
+    const xinfer_tensor &logits = op->src[0], &bias = op->src[1], &ids = op->dst[0], &weights = op->dst[1];
+    const xinfer_route_params& rp = op->params.route;
+    if (logits.dtype != XINFER_DTYPE_F32 || logits.rank != 2)
+        return unsupported(c, op, "logits %s must be f32 [T, E]", shape_str(logits).c_str());
+    const int64_t T = logits.shape[0], E = logits.shape[1];
+    if (!absent(bias) && (bias.dtype != XINFER_DTYPE_F32 || numel(bias) != E))
+        return unsupported(c, op, "bias %s must be f32 [%lld]", shape_str(bias).c_str(), (long long)E);
+    if (ids.dtype != XINFER_DTYPE_I32 || weights.dtype != XINFER_DTYPE_F32 || ids.rank != 2 || weights.rank != 2 ||
+        ids.shape[0] != T || ids.shape[1] != rp.top_k || weights.shape[0] != T || weights.shape[1] != rp.top_k)
+        return unsupported(c, op, "ids %s / weights %s must be i32 / f32 [T=%lld, top_k=%d]", shape_str(ids).c_str(),
+                           shape_str(weights).c_str(), (long long)T, rp.top_k);
+    if (rp.scoring != 0 && rp.scoring != 1) return unsupported(c, op, "scoring %d (0 softmax, 1 sigmoid)", rp.scoring);
+    if (rp.n_group < 1 || E % rp.n_group != 0 || rp.topk_group < 1 || rp.topk_group > rp.n_group)
+        return unsupported(c, op, "n_group %d must divide E=%lld and topk_group %d be in [1, n_group]", rp.n_group,
+                           (long long)E, rp.topk_group);
+    if (rp.top_k < 1 || rp.top_k > 64 || rp.top_k > rp.topk_group * (E / rp.n_group))
+        return unsupported(c, op, "top_k %d must be in [1, min(64, topk_group x experts per group = %lld)]", rp.top_k,
+                           (long long)(rp.topk_group * (E / rp.n_group)));
+    const size_t smem = size_t(2 * E + rp.n_group) * sizeof(float) + size_t(E + rp.n_group);
+    if (smem > 48 * 1024) return unsupported(c, op, "E=%lld experts exceed the router's shared memory", (long long)E);
+    if (!run || T == 0) return XINFER_OK;
+    const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, ceil_div(E, 32) * 32)));
+    route_kernel<<<unsigned(T), threads, smem, c->stream>>>(
+        static_cast<const float*>(logits.data), absent(bias) ? nullptr : static_cast<const float*>(bias.data), int(E),
+        rp.scoring, rp.top_k, rp.n_group, rp.topk_group, rp.norm_topk_prob, rp.routed_scaling_factor,
+        static_cast<int32_t*>(ids.data), static_cast<float*>(weights.data));
+    XCUDA_CHECK_LAUNCH(c, "route_kernel");
+    return XINFER_OK;
+}
+
+int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
+    const xinfer_tensor &x = op->src[0], &ids = op->src[1], &weights = op->src[2], &gate_up = op->src[3],
+                        &down = op->src[4], &gate_up_scale = op->src[5], &down_scale = op->src[6], &out = op->dst[0];
+    const auto shapes = [&] {
+        return str_format("x %s, ids %s, weights %s, gate_up %s, down %s, gate_up_scale %s, down_scale %s, out %s",
+                          shape_str(x).c_str(), shape_str(ids).c_str(), shape_str(weights).c_str(),
+                          shape_str(gate_up).c_str(), shape_str(down).c_str(), shape_str(gate_up_scale).c_str(),
+                          shape_str(down_scale).c_str(), shape_str(out).c_str());
+    };
+    if (x.rank != 2 || ids.rank != 2 || gate_up.rank != 3 || !is_float(x.dtype) || !is_float(out.dtype) ||
+        ids.dtype != XINFER_DTYPE_I32 || weights.dtype != XINFER_DTYPE_F32)
+        return unsupported(c, op, "%s: expected x [T, H] f32/bf16/f16, ids [T, k] i32, weights [T, k] f32",
+                           shapes().c_str());
+    const int64_t T = x.shape[0], H = x.shape[1], k = ids.shape[1], E = gate_up.shape[0], I = gate_up.shape[1] / 2;
+    const int64_t br = op->params.matmul.block_rows > 0 ? op->params.matmul.block_rows : 128;
+    const int64_t bc = op->params.matmul.block_cols > 0 ? op->params.matmul.block_cols : 128;
+    if (ids.shape[0] != T || weights.rank != 2 || weights.shape[0] != T || weights.shape[1] != k ||
+        rows_of(out) != T || cols_of(out) != H || gate_up.shape[1] != 2 * I ||
+        !expert_weight_ok(gate_up, gate_up_scale, E, 2 * I, H, br, bc) ||
+        !expert_weight_ok(down, down_scale, E, H, I, br, bc))
+        return unsupported(c, op, "%s: expected gate_up [E, 2I, H], down [E, H, I], bf16 or f8_e4m3 with f32 scales "
+                           "[E, ceil(rows/%lld), ceil(cols/%lld)]",
+                           shapes().c_str(), (long long)br, (long long)bc);
+    const int64_t P = T * k;
+    if (!run || T == 0) return XINFER_OK;
+    if (P == 0 || E == 0 || I == 0) {
+        XCUDA_TRY(c, cudaMemsetAsync(out.data, 0, size_t(T * H) * dtype_size(out.dtype), c->stream));
+        return XINFER_OK;
+    }
+
+    const int64_t max_tiles = ceil_div(P, kGemmTileM) + std::min(E, P);
+    ScratchPlan plan;
+    const bool convert_x = x.dtype != XINFER_DTYPE_BF16;
+    const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
+    const size_t off_counts = plan.add(size_t(E) * 4), off_cursor = plan.add(size_t(E) * 4),
+                 off_tile_offset = plan.add(size_t(E) * 4), off_n_tiles = plan.add(4),
+                 off_tiles = plan.add(size_t(max_tiles) * sizeof(int4)), off_sorted = plan.add(size_t(P) * 4),
+                 off_gu = plan.add(size_t(P * 2 * I) * 2), off_h = plan.add(size_t(P * I) * 2),
+                 off_dn = plan.add(size_t(P * H) * 4);
+    if (int rc = ensure_scratch(c, plan.total)) return rc;
+    char* s = c->scratch;
+    const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(x.data);
+    if (convert_x) {
+        if (int rc = launch_convert(c, x.data, x.dtype, s + off_x, XINFER_DTYPE_BF16, T * H)) return rc;
+        xb = reinterpret_cast<const __nv_bfloat16*>(s + off_x);
+    }
+    auto* counts = reinterpret_cast<int32_t*>(s + off_counts);
+    auto* cursor = reinterpret_cast<int32_t*>(s + off_cursor);
+    auto* tile_offset = reinterpret_cast<int32_t*>(s + off_tile_offset);
+    auto* n_tiles = reinterpret_cast<int32_t*>(s + off_n_tiles);
+    auto* tiles = reinterpret_cast<int4*>(s + off_tiles);
+    auto* sorted = reinterpret_cast<int32_t*>(s + off_sorted);
+    void* gu = s + off_gu;
+    void* h = s + off_h;
+    auto* dn = reinterpret_cast<float*>(s + off_dn);
+    const auto* id_data = static_cast<const int32_t*>(ids.data);
+
+    const int threads = 256;
+    const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(ceil_div(P, threads), c->sm_count * 4)));
+    XCUDA_TRY(c, cudaMemsetAsync(counts, 0, size_t(E) * 4, c->stream));
+    count_kernel<<<blocks, threads, 0, c->stream>>>(id_data, P, int(E), counts);
+    XCUDA_CHECK_LAUNCH(c, "count_kernel");
+    plan_kernel<<<1, 256, 0, c->stream>>>(counts, int(E), cursor, tile_offset, tiles, n_tiles);
+    XCUDA_CHECK_LAUNCH(c, "plan_kernel");
+    scatter_kernel<<<blocks, threads, 0, c->stream>>>(id_data, P, int(E), cursor, sorted);
+    XCUDA_CHECK_LAUNCH(c, "scatter_kernel");
+
+    GroupedGemm g;
+    g.a = xb;
+    g.lda = H;
+    g.a_rows = sorted;
+    g.a_row_div = int(k);
+    g.b = gate_up.data;
+    g.b_dtype = gate_up.dtype;
+    g.n = 2 * I;
+    g.k = H;
+    g.b_group_stride = 2 * I * H;
+    if (gate_up.dtype == XINFER_DTYPE_F8_E4M3) {
+        g.b_scale = static_cast<const float*>(gate_up_scale.data);
+        g.scale_cols = gate_up_scale.shape[2];
+        g.scale_group_stride = gate_up_scale.shape[1] * gate_up_scale.shape[2];
+        g.block_rows = br;
+        g.block_cols = bc;
+    }
+    g.c = gu;
+    g.c_dtype = XINFER_DTYPE_BF16;
+    g.ldc = 2 * I;
+    g.tiles = tiles;
+    g.n_tiles = n_tiles;
+    if (int rc = launch_grouped_gemm(c, g, max_tiles)) return rc;
+
+    if (int rc = launch_swiglu(c, gu, XINFER_DTYPE_BF16, h, XINFER_DTYPE_BF16, P, I)) return rc;
+
+    GroupedGemm d = g;
+    d.a = static_cast<const __nv_bfloat16*>(h);
+    d.lda = I;
+    d.a_rows = nullptr;
+    d.a_row_div = 1;
+    d.b = down.data;
+    d.b_dtype = down.dtype;
+    d.n = H;
+    d.k = I;
+    d.b_group_stride = H * I;
+    d.b_scale = nullptr;
+    d.scale_cols = d.scale_group_stride = 0;
+    d.shard_rows = d.blocks_per_shard = 0;
+    if (down.dtype == XINFER_DTYPE_F8_E4M3) {
+        d.b_scale = static_cast<const float*>(down_scale.data);
+        d.scale_cols = down_scale.shape[2];
+        d.scale_group_stride = down_scale.shape[1] * down_scale.shape[2];
+    }
+    d.c = dn;
+    d.c_dtype = XINFER_DTYPE_F32;
+    d.ldc = H;
+    d.c_rows = sorted;
+    if (int rc = launch_grouped_gemm(c, d, max_tiles)) return rc;
+
+    combine_kernel<<<unsigned(T), 256, 0, c->stream>>>(dn, id_data, static_cast<const float*>(weights.data), int(k),
+                                                        int(E), H, out.data, out.dtype);
+    XCUDA_CHECK_LAUNCH(c, "combine_kernel");
+    return XINFER_OK;
+}
+
+}  // namespace xcuda
