@@ -1,0 +1,214 @@
+// A thin f32 SIMD vector for the CPU kernels: AVX-512 when the build targets it, AVX2+FMA+F16C
+// (x86-64-v3) otherwise, and plain arrays as a last resort. Kernels are written once against
+// these functions and pick their tile sizes from kLanes / kRegisters.
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+// GCC 12's unmasked AVX-512 intrinsics start from `_mm512_undefined_*()` (`__m512i __Y = __Y;`),
+// which -W(maybe-)uninitialized reports once inlined into OpenMP-outlined functions. The
+// diagnostic state is looked up at the header's own lines, so silencing just the include works.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+namespace xinfer::cpu::simd {
+
+#if defined(__AVX512F__)
+
+constexpr int kLanes = 16;
+constexpr int kRegisters = 32;
+using VecF = __m512;
+
+inline VecF zero() { return _mm512_setzero_ps(); }
+inline VecF broadcast(float value) { return _mm512_set1_ps(value); }
+inline VecF load(const float* p) { return _mm512_loadu_ps(p); }
+inline void store(float* p, VecF v) { _mm512_storeu_ps(p, v); }
+inline VecF fma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VecF add(VecF a, VecF b) { return _mm512_add_ps(a, b); }
+inline float reduce_add(VecF v) { return _mm512_reduce_add_ps(v); }
+// bf16 is the high half of an f32: widen to 32 bits and shift, all in registers.
+inline VecF load_bf16(const uint16_t* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+inline VecF load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// 2·kLanes bf16 from one full-width load: the even-indexed elements are the low halves of each
+// 32-bit lane (shift them up), the odd ones the high halves (mask the low bits off). Cheaper than
+// widening, and the dot-product kernels permute x once to match.
+inline void load_bf16_even_odd(const uint16_t* p, VecF& even, VecF& odd) {
+    const __m512i v = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
+}
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+constexpr int kLanes = 8;
+constexpr int kRegisters = 16;
+using VecF = __m256;
+
+inline VecF zero() { return _mm256_setzero_ps(); }
+inline VecF broadcast(float value) { return _mm256_set1_ps(value); }
+inline VecF load(const float* p) { return _mm256_loadu_ps(p); }
+inline void store(float* p, VecF v) { _mm256_storeu_ps(p, v); }
+inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VecF add(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline float reduce_add(VecF v) {
+    __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+    sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+    return _mm_cvtss_f32(sum);
+}
+inline VecF load_bf16(const uint16_t* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline VecF load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline void load_bf16_even_odd(const uint16_t* p, VecF& even, VecF& odd) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+}
+
+#else
+
+// Portable fallback: correct everywhere, vectorised only as far as the compiler manages.
+constexpr int kLanes = 8;
+constexpr int kRegisters = 16;
+struct VecF {
+    float lane[kLanes];
+};
+
+inline VecF zero() { return VecF{}; }
+inline VecF broadcast(float value) {
+    VecF v;
+    for (float& x : v.lane) x = value;
+    return v;
+}
+inline VecF load(const float* p) {
+    VecF v;
+    std::memcpy(v.lane, p, sizeof(v.lane));
+    return v;
+}
+inline void store(float* p, VecF v) { std::memcpy(p, v.lane, sizeof(v.lane)); }
+inline VecF fma(VecF a, VecF b, VecF c) {
+    for (int i = 0; i < kLanes; ++i) c.lane[i] += a.lane[i] * b.lane[i];
+    return c;
+}
+inline VecF add(VecF a, VecF b) {
+    for (int i = 0; i < kLanes; ++i) a.lane[i] += b.lane[i];
+    return a;
+}
+inline float reduce_add(VecF v) {
+    float sum = 0.f;
+    for (float x : v.lane) sum += x;
+    return sum;
+}
+inline VecF load_bf16(const uint16_t* p) {
+    VecF v;
+    for (int i = 0; i < kLanes; ++i) v.lane[i] = bf16_to_f32(p[i]);
+    return v;
+}
+inline VecF load_f16(const uint16_t* p) {
+    VecF v;
+    for (int i = 0; i < kLanes; ++i) v.lane[i] = f16_to_f32(p[i]);
+    return v;
+}
+inline void load_bf16_even_odd(const uint16_t* p, VecF& even, VecF& odd) {
+    for (int i = 0; i < kLanes; ++i) {
+        even.lane[i] = bf16_to_f32(p[2 * i]);
+        odd.lane[i] = bf16_to_f32(p[2 * i + 1]);
+    }
+}
+
+#endif
+
+// Weight element types as compile-time tags, so one kernel template serves f32, bf16 and f16
+// weights with the conversion inlined into the inner loop.
+//  - load: kLanes consecutive elements.
+//  - load_pair: 2·kLanes elements as two vectors; when kEvenOdd, the vectors hold the even- and
+//    odd-indexed elements and the other operand must be permuted the same way (permute_pairs).
+struct WeightF32 {
+    using Storage = float;
+    static constexpr bool kEvenOdd = false;
+    static VecF load(const Storage* p) { return simd::load(p); }
+    static void load_pair(const Storage* p, VecF& a, VecF& b) {
+        a = simd::load(p);
+        b = simd::load(p + kLanes);
+    }
+    static float scalar(Storage v) { return v; }
+};
+struct WeightBf16 {
+    using Storage = uint16_t;
+    static constexpr bool kEvenOdd = true;
+    static VecF load(const Storage* p) { return load_bf16(p); }
+    static void load_pair(const Storage* p, VecF& a, VecF& b) { load_bf16_even_odd(p, a, b); }
+    static float scalar(Storage v) { return bf16_to_f32(v); }
+};
+struct WeightF16 {
+    using Storage = uint16_t;
+    static constexpr bool kEvenOdd = false;
+    static VecF load(const Storage* p) { return load_f16(p); }
+    static void load_pair(const Storage* p, VecF& a, VecF& b) {
+        a = load_f16(p);
+        b = load_f16(p + kLanes);
+    }
+    static float scalar(Storage v) { return f16_to_f32(v); }
+};
+
+// Reorders each full chunk of 2·kLanes values to [even-indexed | odd-indexed], the layout
+// load_pair produces for kEvenOdd weights; a partial last chunk is copied unchanged.
+inline void permute_pairs(const float* src, float* dst, int64_t n) {
+    int64_t k = 0;
+    for (; k + 2 * kLanes <= n; k += 2 * kLanes)
+        for (int i = 0; i < kLanes; ++i) {
+            dst[k + i] = src[k + 2 * i];
+            dst[k + kLanes + i] = src[k + 2 * i + 1];
+        }
+    for (; k < n; ++k) dst[k] = src[k];
+}
+
+// Converts n elements of a weight row to f32 (vectorised body, scalar tail).
+template <typename Weight>
+inline void widen_row(const typename Weight::Storage* src, float* dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) store(dst + i, Weight::load(src + i));
+    for (; i < n; ++i) dst[i] = Weight::scalar(src[i]);
+}
+
+// Dot product of an f32 row and a weight row with f32 accumulation.
+template <typename Weight>
+inline float dot(const float* x, const typename Weight::Storage* w, int64_t n) {
+    VecF acc0 = zero(), acc1 = zero();
+    int64_t i = 0;
+    for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+        acc0 = fma(load(x + i), Weight::load(w + i), acc0);
+        acc1 = fma(load(x + i + kLanes), Weight::load(w + i + kLanes), acc1);
+    }
+    for (; i + kLanes <= n; i += kLanes) acc0 = fma(load(x + i), Weight::load(w + i), acc0);
+    float sum = reduce_add(add(acc0, acc1));
+    for (; i < n; ++i) sum += x[i] * Weight::scalar(w[i]);
+    return sum;
+}
+
+// y[i] += a * x[i]
+inline void axpy(float a, const float* x, float* y, int64_t n) {
+    const VecF va = broadcast(a);
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) store(y + i, fma(va, load(x + i), load(y + i)));
+    for (; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace xinfer::cpu::simd
