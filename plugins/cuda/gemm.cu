@@ -34,12 +34,6 @@ struct GemmFlags {
     bool a_vec, b_vec;  // 16-byte vector loads are legal (alignment and strides)
 };
 
-// The scale of weight element (row, col) of one group.
-__device__ __forceinline__ float fp8_scale(const GroupedGemm& p, const float* scale, int64_t row, int64_t col) {
-    const int64_t srow = (row / p.shard_rows) * p.blocks_per_shard + (row % p.shard_rows) / p.block_rows;
-    return scale[srow * p.scale_cols + col / p.block_cols];
-}
-
 __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(GroupedGemm p, GemmFlags flags) {
     __shared__ __align__(128) __nv_bfloat16 As[2][kBM][kLds];
     __shared__ __align__(128) __nv_bfloat16 Bs[2][kBN][kLds];
@@ -76,6 +70,13 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(GroupedGemm 
     const int b_row0 = b_fp8 ? tid / 2 : tid / 4;
     const char* b_base = static_cast<const char*>(p.b) + group * p.b_group_stride * (b_fp8 ? 1 : 2);
     const float* scale = b_fp8 ? p.b_scale + group * p.scale_group_stride : nullptr;
+    // Each thread stages the same weight row at every K step, so its scale row is fixed.
+    const float* scale_row = nullptr;
+    if (b_fp8 && n0 + b_row0 < p.n) {
+        const int64_t row = n0 + b_row0;
+        scale_row = scale + ((row / p.shard_rows) * p.blocks_per_shard + (row % p.shard_rows) / p.block_rows) * p.scale_cols;
+    }
+    const int block_cols = int(p.block_cols);
 
     uint4 a_reg[2], b_reg[2];
     float b_scale_reg[16];
@@ -123,12 +124,12 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(GroupedGemm 
                     b_reg[0] = *reinterpret_cast<uint4*>(v);
                 }
                 // One scale for the chunk unless it straddles a scale block (block_cols % 16 != 0).
-                const int64_t last = min(kc + 15, K - 1);
-                if (kc >= K || kc / p.block_cols == last / p.block_cols) {
-                    const float s = kc < K ? fp8_scale(p, scale, row, kc) : 0.f;
+                const int first = int(kc), last = int(min(kc + 15, K - 1));
+                if (kc >= K || first / block_cols == last / block_cols) {
+                    const float s = kc < K ? scale_row[first / block_cols] : 0.f;
                     for (int e = 0; e < 16; ++e) b_scale_reg[e] = s;
                 } else {
-                    for (int e = 0; e < 16; ++e) b_scale_reg[e] = kc + e < K ? fp8_scale(p, scale, row, kc + e) : 0.f;
+                    for (int e = 0; e < 16; ++e) b_scale_reg[e] = first + e < K ? scale_row[(first + e) / block_cols] : 0.f;
                 }
             }
         }
@@ -185,6 +186,87 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(GroupedGemm 
         if (row >= row_end || n >= p.n) continue;
         const int64_t dst = p.c_rows ? int64_t(p.c_rows[row]) : row;
         store_f(p.c, p.c_dtype, dst * p.ldc + n, Cs[r][col]);
+    }
+}
+
+// ---- the few-row GEMV kernel -----------------------------------------------------------------------
+
+constexpr int kGemvWarps = 8;
+
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Gemv g) {
+    const GroupedGemm& p = g.w;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t n = int64_t(blockIdx.x) * kGemvWarps + warp;
+    if (n >= p.n) return;  // no block-level synchronisation below
+    const int64_t r0 = int64_t(blockIdx.y) * g.rows_per_group;
+    const int rows = int(min(int64_t(g.rows_per_group), g.rows - r0));
+    const int group = g.group_of ? g.group_of[blockIdx.y] : 0;
+    if (group < 0 || group >= g.n_groups) {
+        if (lane == 0)
+            for (int j = 0; j < rows; ++j) store_f(p.c, p.c_dtype, (r0 + j) * p.ldc + n, __int_as_float(0x7fc00000));
+        return;
+    }
+    const bool fp8 = p.b_dtype == XINFER_DTYPE_F8_E4M3;
+    const int64_t K = p.k;
+    const int chunk = fp8 ? 16 : 8;  // weight elements per 16-byte load
+    const char* w_row = static_cast<const char*>(p.b) + (int64_t(group) * p.b_group_stride + n * K) * (fp8 ? 1 : 2);
+    const float* scale = fp8 ? p.b_scale + int64_t(group) * p.scale_group_stride : nullptr;
+    const bool one_scale = fp8 && p.block_cols % 16 == 0;
+    // The scale row depends only on n; the column block is a 32-bit division per 16 weights.
+    const float* scale_row = fp8 ? scale + ((n / p.shard_rows) * p.blocks_per_shard + (n % p.shard_rows) / p.block_rows) *
+                                               p.scale_cols
+                                 : nullptr;
+    const int block_cols = int(p.block_cols);
+    const __nv_bfloat16* a_rows[kGemvMaxRows];
+#pragma unroll
+    for (int j = 0; j < kGemvMaxRows; ++j) a_rows[j] = p.a + ((r0 + min(j, rows - 1)) / p.a_row_div) * p.lda;
+
+    float acc[kGemvMaxRows];
+#pragma unroll
+    for (int j = 0; j < kGemvMaxRows; ++j) acc[j] = 0.f;
+#pragma unroll 4
+    for (int64_t k0 = int64_t(lane) * chunk; k0 < K; k0 += 32 * chunk) {
+        float w[16];
+        const uint4 raw = *reinterpret_cast<const uint4*>(w_row + k0 * (fp8 ? 1 : 2));
+        if (fp8) {
+            const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[e], __NV_E4M3)));
+                w[2 * e] = f.x;
+                w[2 * e + 1] = f.y;
+            }
+            if (one_scale) {
+                const float s0 = scale_row[int(k0) / block_cols];
+#pragma unroll
+                for (int e = 0; e < 16; ++e) w[e] *= s0;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 16; ++e) w[e] *= scale_row[(int(k0) + e) / block_cols];
+            }
+        } else {
+            const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) w[e] = __bfloat162float(h[e]);
+        }
+#pragma unroll
+        for (int j = 0; j < kGemvMaxRows; ++j) {
+            if (j >= rows) break;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                if (half == 1 && !fp8) break;
+                const uint4 xv = *reinterpret_cast<const uint4*>(a_rows[j] + k0 + half * 8);
+                const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&xv);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[j] = fmaf(w[half * 8 + e], __bfloat162float(x[e]), acc[j]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kGemvMaxRows; ++j) {
+        if (j >= rows) break;
+        const float total = warp_sum(acc[j]);
+        if (lane == 0) store_f(p.c, p.c_dtype, (r0 + j) * p.ldc + n, total);
     }
 }
 
@@ -318,6 +400,30 @@ int launch_grouped_gemm(Context* c, const GroupedGemm& g, int64_t max_tiles) {
     return XINFER_OK;
 }
 
+bool gemv_fits(const Gemv& g) {
+    const GroupedGemm& p = g.w;
+    const int64_t chunk = p.b_dtype == XINFER_DTYPE_F8_E4M3 ? 16 : 8;
+    const int64_t esize = p.b_dtype == XINFER_DTYPE_F8_E4M3 ? 1 : 2;
+    return (p.b_dtype == XINFER_DTYPE_F8_E4M3 || p.b_dtype == XINFER_DTYPE_BF16) && p.k % chunk == 0 &&
+           p.lda % 8 == 0 && pointer_alignment(p.a) >= 16 && pointer_alignment(p.b) >= 16 &&
+           (p.b_group_stride * esize) % 16 == 0 && g.rows_per_group >= 1 && g.rows_per_group <= kGemvMaxRows;
+}
+
+int launch_gemv(Context* c, const Gemv& g) {
+    const int64_t col_blocks = ceil_div(g.w.n, kGemvWarps), row_groups = ceil_div(g.rows, g.rows_per_group);
+    if (col_blocks <= 0 || row_groups <= 0) return XINFER_OK;
+    if (row_groups > 65535) {
+        set_error(c, "cuda gemv: %lld row groups (limit 65535)", (long long)row_groups);
+        return XINFER_ERROR;
+    }
+    Gemv p = g;
+    if (p.w.shard_rows <= 0) p.w.shard_rows = p.w.n;
+    if (p.w.blocks_per_shard <= 0) p.w.blocks_per_shard = ceil_div(p.w.shard_rows, p.w.block_rows);
+    gemv_kernel<<<dim3(unsigned(col_blocks), unsigned(row_groups)), kGemvWarps * 32, 0, c->stream>>>(p);
+    XCUDA_CHECK_LAUNCH(c, "gemv_kernel");
+    return XINFER_OK;
+}
+
 int op_matmul(Context* c, const xinfer_op* op, bool run) {
     const xinfer_tensor &x = op->src[0], &w = op->src[1], &w_scale = op->src[2], &y = op->dst[0];
     const auto shapes = [&] {
@@ -402,6 +508,16 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
     g.c_dtype = y.dtype;
     g.ldc = N;
     g.m = T;
+    // Decode batches stream the weights: the GEMV path reads each weight row once, where 64-row
+    // tiles leave most SMs idle (measured on H200, 12288x4096: T=1 0.060 ms GEMV vs 0.146 ms tiled;
+    // at T=32, four 8-row GEMV passes took 0.44 ms against 0.147 ms tiled).
+    if (T <= kGemvMaxRows) {
+        Gemv v;
+        v.w = g;
+        v.rows = T;
+        v.rows_per_group = int(std::min<int64_t>(T, kGemvMaxRows));
+        if (gemv_fits(v)) return launch_gemv(c, v);
+    }
     return launch_grouped_gemm(c, g, 0);
 }
 

@@ -47,4 +47,21 @@ struct GroupedGemm {
 // Launches ceil(m/64) (dense) or max_tiles (grouped) row tiles × ceil(n/64) column tiles.
 int launch_grouped_gemm(Context* c, const GroupedGemm& g, int64_t max_tiles);
 
+// The few-row path (decode, speculative verification, small MoE batches), where a GEMM is a
+// weight stream: one warp per output column n reads W[group][n, :] once with 16-byte loads and
+// dots it with up to kGemvMaxRows activation rows. Rows come in groups that share a weight group:
+// dense = one group of T ≤ 8 rows per grid row, MoE = one (token, slot) pair per group, whose
+// expert is group_of[pair]. Fields are as in GroupedGemm; the A row of row r is r / a_row_div
+// and the C row is r. Needs gemv_fits().
+constexpr int kGemvMaxRows = 8;
+struct Gemv {
+    GroupedGemm w;                     // a, lda, a_row_div, b..., c, c_dtype, ldc (rows/tiles unused)
+    int64_t rows = 0;                  // total rows
+    int rows_per_group = 1;            // ≤ kGemvMaxRows
+    const int32_t* group_of = nullptr; // [rows / rows_per_group] weight group per row group; null = 0
+    int n_groups = 1;                  // group ids outside [0, n_groups) give NaN rows
+};
+bool gemv_fits(const Gemv& g);
+int launch_gemv(Context* c, const Gemv& g);
+
 }  // namespace xcuda

@@ -13,6 +13,10 @@
 //   7. combine: out[t] = Σ_slot weight[t, slot] · dn[t·k + slot]        fixed order → deterministic
 // The order of rows inside an expert's block depends on atomics, but every row is computed
 // independently and the combine sums in slot order, so results are bitwise reproducible.
+//
+// Few pairs (P ≤ kGemvMaxPairs: decode, verification) skip steps 1-3: the GEMV kernel (gemm.cu)
+// computes each pair's rows straight from ids, one warp per output column streaming that pair's
+// expert row; the combine is the same.
 #include "gemm.h"
 
 #include "device_utils.cuh"
@@ -22,6 +26,11 @@
 
 namespace xcuda {
 namespace {
+
+// Up to this many (token, slot) pairs the GEMV path runs (decode of up to 8 tokens with top-8
+// routing). Measured on H200, MiMo shapes, fp8: T=1 0.26 ms GEMV vs 0.33 ms tiled; T=32
+// (P=256) 7.0 ms GEMV vs 5.7 ms tiled, since each pair re-streams its expert's rows.
+constexpr int64_t kGemvMaxPairs = 64;
 
 // ---- router --------------------------------------------------------------------------------------
 
@@ -249,8 +258,79 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
     }
 
     const int64_t max_tiles = ceil_div(P, kGemmTileM) + std::min(E, P);
-    ScratchPlan plan;
+    const auto* id_data = static_cast<const int32_t*>(ids.data);
     const bool convert_x = x.dtype != XINFER_DTYPE_BF16;
+
+    // Few pairs: GEMV straight from the ids.
+    if (P <= kGemvMaxPairs) {
+        ScratchPlan plan;
+        const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
+        const size_t off_gu = plan.add(size_t(P * 2 * I) * 2), off_h = plan.add(size_t(P * I) * 2),
+                     off_dn = plan.add(size_t(P * H) * 4);
+        Gemv up, dn;
+        up.w.a = static_cast<const __nv_bfloat16*>(x.data);
+        up.w.lda = H;
+        up.w.a_row_div = int(k);
+        up.w.b = gate_up.data;
+        up.w.b_dtype = gate_up.dtype;
+        up.w.n = 2 * I;
+        up.w.k = H;
+        up.w.b_group_stride = 2 * I * H;
+        if (gate_up.dtype == XINFER_DTYPE_F8_E4M3) {
+            up.w.b_scale = static_cast<const float*>(gate_up_scale.data);
+            up.w.scale_cols = gate_up_scale.shape[2];
+            up.w.scale_group_stride = gate_up_scale.shape[1] * gate_up_scale.shape[2];
+            up.w.block_rows = br;
+            up.w.block_cols = bc;
+        }
+        up.w.c_dtype = XINFER_DTYPE_BF16;
+        up.w.ldc = 2 * I;
+        up.rows = P;
+        up.rows_per_group = 1;
+        up.group_of = id_data;
+        up.n_groups = int(E);
+        dn = up;
+        dn.w.lda = I;
+        dn.w.a_row_div = 1;
+        dn.w.b = down.data;
+        dn.w.b_dtype = down.dtype;
+        dn.w.n = H;
+        dn.w.k = I;
+        dn.w.b_group_stride = H * I;
+        dn.w.b_scale = nullptr;
+        dn.w.scale_cols = dn.w.scale_group_stride = 0;
+        if (down.dtype == XINFER_DTYPE_F8_E4M3) {
+            dn.w.b_scale = static_cast<const float*>(down_scale.data);
+            dn.w.scale_cols = down_scale.shape[2];
+            dn.w.scale_group_stride = down_scale.shape[1] * down_scale.shape[2];
+        }
+        dn.w.c_dtype = XINFER_DTYPE_F32;
+        dn.w.ldc = H;
+        // Fit is decided on shapes and strides; scratch pointers are 256-byte aligned.
+        const bool x_aligned = convert_x || pointer_alignment(x.data) >= 16;
+        if (x_aligned && gemv_fits(dn) && (up.w.k % (gate_up.dtype == XINFER_DTYPE_F8_E4M3 ? 16 : 8)) == 0 &&
+            (up.w.b_group_stride * int64_t(dtype_size(gate_up.dtype))) % 16 == 0 && pointer_alignment(gate_up.data) >= 16) {
+            if (int rc = ensure_scratch(c, plan.total)) return rc;
+            char* s = c->scratch;
+            if (convert_x) {
+                if (int rc = launch_convert(c, x.data, x.dtype, s + off_x, XINFER_DTYPE_BF16, T * H)) return rc;
+                up.w.a = reinterpret_cast<const __nv_bfloat16*>(s + off_x);
+            }
+            up.w.c = s + off_gu;
+            dn.w.a = reinterpret_cast<const __nv_bfloat16*>(s + off_h);
+            dn.w.c = s + off_dn;
+            if (int rc = launch_gemv(c, up)) return rc;
+            if (int rc = launch_swiglu(c, s + off_gu, XINFER_DTYPE_BF16, s + off_h, XINFER_DTYPE_BF16, P, I)) return rc;
+            if (int rc = launch_gemv(c, dn)) return rc;
+            combine_kernel<<<unsigned(T), 256, 0, c->stream>>>(reinterpret_cast<const float*>(s + off_dn), id_data,
+                                                                static_cast<const float*>(weights.data), int(k),
+                                                                int(E), H, out.data, out.dtype);
+            XCUDA_CHECK_LAUNCH(c, "combine_kernel");
+            return XINFER_OK;
+        }
+    }
+
+    ScratchPlan plan;
     const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
     const size_t off_counts = plan.add(size_t(E) * 4), off_cursor = plan.add(size_t(E) * 4),
                  off_tile_offset = plan.add(size_t(E) * 4), off_n_tiles = plan.add(4),
@@ -273,7 +353,6 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
     void* gu = s + off_gu;
     void* h = s + off_h;
     auto* dn = reinterpret_cast<float*>(s + off_dn);
-    const auto* id_data = static_cast<const int32_t*>(ids.data);
 
     const int threads = 256;
     const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(ceil_div(P, threads), c->sm_count * 4)));

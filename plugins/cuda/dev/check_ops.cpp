@@ -388,10 +388,12 @@ void check_moe_experts() {
         int T, H, I, E, k, xd, od, wd;
     };
     const Case cases[] = {
-        {"bf16 T 45 H 256 I 128 E 16 top 4", 45, 256, 128, 16, 4, bf, bf, bf},
-        {"bf16 x f32 -> f32, T 3 (decode-like), E 64 top 8", 3, 512, 256, 64, 8, f32, f32, bf},
+        {"bf16 T 45 H 256 I 128 E 16 top 4 (P 180: tiled)", 45, 256, 128, 16, 4, bf, bf, bf},
+        {"bf16 x f32 -> f32, T 3, E 64 top 8 (P 24: GEMV)", 3, 512, 256, 64, 8, f32, f32, bf},
         {"fp8 128x128 T 70 H 256 I 384 E 8 top 2", 70, 256, 384, 8, 2, bf, bf, f8},
-        {"fp8 T 1 H 512 I 256 E 32 top 8", 1, 512, 256, 32, 8, bf, f32, f8},
+        {"fp8 T 1 H 512 I 256 E 32 top 8 (GEMV)", 1, 512, 256, 32, 8, bf, f32, f8},
+        {"bf16 T 100 top 4 (P 400: tiled path)", 100, 256, 128, 16, 4, bf, bf, bf},
+        {"fp8 T 150 top 2 E 8 (P 300: tiled path)", 150, 256, 384, 8, 2, f32, bf, f8},
     };
     uint32_t seed = 500;
     for (const Case& c : cases) {
