@@ -1,12 +1,261 @@
-// Backend registry. Only the built-in CPU backend exists for now; device plugins
-// (libxinfer-<name>.so behind the C ABI) will be looked up here.
+// Backend: each C++ op call becomes one xinfer_op run through the plugin table.
 #include "backend/backend.h"
 
-namespace xinfer {
+#include "backend/op_desc.h"
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
-    if (device == "cpu") return make_cpu_backend();
-    fail("unknown device '{}': available devices are: cpu", device);
+#include <chrono>
+
+namespace xinfer {
+namespace {
+
+double now_us() {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+xinfer_attention_batch to_abi(const AttentionBatch& b, int page_size) {
+    xinfer_attention_batch out{};
+    out.n_seqs = b.n_seqs;
+    out.max_pages_per_seq = b.max_pages_per_seq;
+    out.page_size = page_size;
+    out.page_stride = b.page_stride;
+    out.cu_q_lens = to_abi(b.cu_q_lens);
+    out.kv_lens = to_abi(b.kv_lens);
+    out.positions = to_abi(b.positions);
+    out.page_table = to_abi(b.page_table);
+    out.slot_mapping = to_abi(b.slot_mapping);
+    return out;
+}
+
+}  // namespace
+
+Backend::Backend(const xinfer_backend_api* api, int device, std::string label) : api_(api), label_(std::move(label)) {
+    if (api_->device_props(device, &props_) != XINFER_OK) fail("backend {}: cannot query device {}", label_, device);
+    if (api_->context_create(device, &ctx_) != XINFER_OK)
+        fail("backend {}: cannot create a context on device {} ({})", label_, device, props_.name);
+}
+
+Backend::~Backend() {
+    if (ctx_) api_->context_destroy(ctx_);
+}
+
+void Backend::check(int status, const char* what) {
+    if (status == XINFER_OK) return;
+    const char* detail = api_->last_error(ctx_);
+    fail("backend {}: {} failed: {}", label_, what, detail && *detail ? detail : "no details");
+}
+
+Buffer Backend::alloc(size_t bytes) {
+    void* ptr = nullptr;
+    const int status = api_->alloc(ctx_, bytes, &ptr);
+    if (status == XINFER_OUT_OF_MEMORY)
+        fail("backend {}: out of memory allocating {} bytes ({} bytes total on {})", label_, bytes,
+             props_.total_memory, props_.name);
+    check(status, "alloc");
+    const xinfer_backend_api* api = api_;
+    void* ctx = ctx_;
+    return Buffer(ptr, bytes, [api, ctx](void* p) { api->free(ctx, p); });
+}
+
+void Backend::upload(const Tensor& dst, const void* host_src) { check(api_->upload(ctx_, dst.data, host_src, dst.nbytes()), "upload"); }
+void Backend::download(const Tensor& src, void* host_dst) {
+    check(api_->download(ctx_, host_dst, src.data, src.nbytes()), "download");
+}
+void Backend::copy(const Tensor& dst, const Tensor& src) {
+    XINFER_CHECK(dst.nbytes() == src.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());
+    check(api_->copy(ctx_, dst.data, src.data, src.nbytes()), "copy");
+}
+void Backend::synchronize() { check(api_->synchronize(ctx_), "synchronize"); }
+
+double Backend::measure_copy_bandwidth_gbps() {
+    double gbps = 0;
+    check(api_->measure_copy_bandwidth(ctx_, &gbps), "measure_copy_bandwidth");
+    return gbps;
+}
+
+bool Backend::supports(const xinfer_op& op) { return api_->supports_op(ctx_, &op) != 0; }
+
+void Backend::run(const xinfer_op& op) {
+    const double start = observer_ ? now_us() : 0;
+    const int status = api_->run_op(ctx_, &op);
+    if (status != XINFER_OK) {
+        const char* detail = api_->last_error(ctx_);
+        const std::string why = detail && *detail ? detail : "no details";
+        if (status == XINFER_UNSUPPORTED)
+            fail("backend {} does not support {} ({})", label_, describe_op(op), why);
+        fail("backend {}: {} failed: {}", label_, describe_op(op), why);
+    }
+    if (observer_) observer_(op, start, now_us());
+}
+
+void Backend::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
+    xinfer_op op = make_op(XINFER_OP_EMBEDDING, layer_);
+    op.src[0] = to_abi(table);
+    op.src[1] = to_abi(ids);
+    op.dst[0] = to_abi(out);
+    run(op);
+}
+
+void Backend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+    xinfer_op op = make_op(XINFER_OP_RMSNORM, layer_);
+    op.src[0] = to_abi(x);
+    op.src[1] = to_abi(weight);
+    op.dst[0] = to_abi(out);
+    op.params.norm.eps = eps;
+    run(op);
+}
+
+void Backend::add_rmsnorm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+    xinfer_op op = make_op(XINFER_OP_ADD_RMSNORM, layer_);
+    op.src[0] = to_abi(residual);
+    op.src[1] = to_abi(x);
+    op.src[2] = to_abi(weight);
+    op.dst[0] = to_abi(out);
+    op.params.norm.eps = eps;
+    run(op);
+}
+
+void Backend::matmul(const Tensor& x, const Tensor& w, const Tensor& y) {
+    xinfer_op op = make_op(XINFER_OP_MATMUL, layer_);
+    op.src[0] = to_abi(x);
+    op.src[1] = to_abi(w);
+    op.dst[0] = to_abi(y);
+    run(op);
+}
+
+void Backend::rope(const Tensor& x, const Tensor& positions, const RopeParams& params) {
+    xinfer_op op = make_op(XINFER_OP_ROPE, layer_);
+    op.src[0] = to_abi(x);
+    op.src[1] = to_abi(positions);
+    op.params.rope.rotary_dim = params.rotary_dim;
+    op.params.rope.theta = params.theta;
+    run(op);
+}
+
+void Backend::swiglu(const Tensor& gate_up, const Tensor& out) {
+    xinfer_op op = make_op(XINFER_OP_SWIGLU, layer_);
+    op.src[0] = to_abi(gate_up);
+    op.dst[0] = to_abi(out);
+    run(op);
+}
+
+void Backend::scale(const Tensor& x, float factor) {
+    xinfer_op op = make_op(XINFER_OP_SCALE, layer_);
+    op.src[0] = to_abi(x);
+    op.params.scale.factor = factor;
+    run(op);
+}
+
+void Backend::add(const Tensor& x, const Tensor& y) {
+    xinfer_op op = make_op(XINFER_OP_ADD, layer_);
+    op.src[0] = to_abi(x);
+    op.src[1] = to_abi(y);
+    run(op);
+}
+
+void Backend::convert(const Tensor& src, const Tensor& dst) {
+    xinfer_op op = make_op(XINFER_OP_CONVERT, layer_);
+    op.src[0] = to_abi(src);
+    op.dst[0] = to_abi(dst);
+    run(op);
+}
+
+void Backend::kv_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
+                       const AttentionBatch& batch) {
+    xinfer_op op = make_op(XINFER_OP_KV_STORE, layer_);
+    op.src[0] = to_abi(k);
+    op.src[1] = to_abi(v);
+    op.src[2] = to_abi(k_cache);
+    op.src[3] = to_abi(v_cache);
+    op.batch = to_abi(batch, int(k_cache.dim(1)));
+    run(op);
+}
+
+void Backend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& sinks,
+                        const AttentionBatch& batch, const AttentionParams& params, const Tensor& out) {
+    xinfer_op op = make_op(XINFER_OP_ATTENTION, layer_);
+    op.src[0] = to_abi(q);
+    op.src[1] = to_abi(k_cache);
+    op.src[2] = to_abi(v_cache);
+    op.src[3] = to_abi(sinks);
+    op.dst[0] = to_abi(out);
+    xinfer_attention_params& p = op.params.attention;
+    p.n_q_heads = params.n_q_heads;
+    p.n_kv_heads = params.n_kv_heads;
+    p.head_dim_k = params.head_dim_k;
+    p.head_dim_v = params.head_dim_v;
+    p.softmax_scale = params.softmax_scale;
+    p.window = params.window;
+    p.causal = params.causal ? 1 : 0;
+    p.k_scale = 1.f;
+    p.v_scale = 1.f;
+    op.batch = to_abi(batch, params.page_size);
+    run(op);
+}
+
+void Backend::moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& params, const Tensor& expert_ids,
+                        const Tensor& expert_weights) {
+    xinfer_op op = make_op(XINFER_OP_MOE_ROUTE, layer_);
+    op.src[0] = to_abi(logits);
+    op.src[1] = to_abi(bias);
+    op.dst[0] = to_abi(expert_ids);
+    op.dst[1] = to_abi(expert_weights);
+    xinfer_route_params& p = op.params.route;
+    p.scoring = params.scoring == RouterParams::Scoring::sigmoid ? 1 : 0;
+    p.top_k = params.top_k;
+    p.n_group = params.n_group;
+    p.topk_group = params.topk_group;
+    p.norm_topk_prob = params.norm_topk_prob ? 1 : 0;
+    p.routed_scaling_factor = params.routed_scaling_factor;
+    run(op);
+}
+
+void Backend::moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights, const Tensor& gate_up,
+                          const Tensor& down, const Tensor& out) {
+    xinfer_op op = make_op(XINFER_OP_MOE_EXPERTS, layer_);
+    op.src[0] = to_abi(x);
+    op.src[1] = to_abi(expert_ids);
+    op.src[2] = to_abi(expert_weights);
+    op.src[3] = to_abi(gate_up);
+    op.src[4] = to_abi(down);
+    op.dst[0] = to_abi(out);
+    run(op);
+}
+
+void Backend::argmax(const Tensor& logits, const Tensor& ids) {
+    xinfer_op op = make_op(XINFER_OP_ARGMAX, layer_);
+    op.src[0] = to_abi(logits);
+    op.dst[0] = to_abi(ids);
+    run(op);
+}
+
+void Backend::graph_begin() {
+    XINFER_CHECK(has_graphs(), "backend {} has no graph capture", label_);
+    check(api_->graph_begin(ctx_), "graph_begin");
+}
+void* Backend::graph_end() {
+    void* graph = nullptr;
+    check(api_->graph_end(ctx_, &graph), "graph_end");
+    return graph;
+}
+void Backend::graph_launch(void* graph) { check(api_->graph_launch(ctx_, graph), "graph_launch"); }
+void Backend::graph_destroy(void* graph) { api_->graph_destroy(ctx_, graph); }
+
+void* Backend::event_record() {
+    void* event = nullptr;
+    check(api_->event_record(ctx_, &event), "event_record");
+    return event;
+}
+float Backend::event_elapsed_ms(void* start, void* end) {
+    float ms = 0;
+    check(api_->event_elapsed_ms(ctx_, start, end, &ms), "event_elapsed_ms");
+    return ms;
+}
+void Backend::event_destroy(void* event) { api_->event_destroy(ctx_, event); }
+void Backend::range_push(const char* name) {
+    if (api_->range_push) api_->range_push(ctx_, name);
+}
+void Backend::range_pop() {
+    if (api_->range_pop) api_->range_pop(ctx_);
 }
 
 }  // namespace xinfer

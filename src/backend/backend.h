@@ -11,7 +11,9 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "xinfer/backend_abi.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,6 +47,10 @@ struct AttentionBatch {
     Tensor positions;     // [n_tokens] i32: absolute position of each query token (= its key index)
     Tensor page_table;    // [n_seqs, max_pages_per_seq] i32: physical page of logical page p; -1 = not resident
     Tensor slot_mapping;  // [n_tokens] i32: page * page_size + offset where each new token's K/V goes; -1 = skip
+    // Elements between consecutive pages of one layer's K (and of its V); 0 = the cache
+    // tensors are contiguous [pages, page_size, n_kv, d]. Non-zero when pages of one pool hold
+    // several layers (src/kv/kv_layout.h); the cache tensors then point at page 0 of the layer.
+    int64_t page_stride = 0;
 };
 
 struct RouterParams {
@@ -59,66 +65,119 @@ struct RouterParams {
     // *selection only*; weights come from the unbiased scores.
 };
 
+// The C++ face of one device context: allocation, copies, and the fused ops, each translated
+// into an xinfer_op and run through the backend's plugin table (include/xinfer/backend_abi.h).
+// The CPU backend is such a table too, built in, so every backend is reached the same way.
+// Errors (unsupported op, kernel failure) throw Error naming the backend, the op, its layer
+// and its tensor shapes. Not thread-safe: one Backend per thread of work.
 class Backend {
 public:
-    virtual ~Backend() = default;
-    virtual std::string name() const = 0;
+    // Creates a context on `device` of the plugin behind `api`; `label` names it in messages.
+    Backend(const xinfer_backend_api* api, int device, std::string label);
+    ~Backend();
+    Backend(const Backend&) = delete;
+    Backend& operator=(const Backend&) = delete;
+
+    const std::string& name() const { return label_; }   // "cpu", "cuda:0"
+    const xinfer_backend_api& api() const { return *api_; }
+    const xinfer_device_props& props() const { return props_; }
+    // Activations: f32 on host-memory backends (the reference), bf16 on accelerators.
+    DType activation_dtype() const { return props_.host_memory ? DType::f32 : DType::bf16; }
 
     // ---- memory -------------------------------------------------------------------------
-    virtual Buffer alloc(size_t bytes) = 0;
-    virtual void upload(const Tensor& dst, const void* host_src) = 0;    // dst.nbytes() bytes
-    virtual void download(const Tensor& src, void* host_dst) = 0;        // src.nbytes() bytes
-    virtual void synchronize() = 0;
+    Buffer alloc(size_t bytes);
+    void upload(const Tensor& dst, const void* host_src);    // dst.nbytes() bytes; host_src must stay
+                                                              // unchanged until the next synchronize()
+    void download(const Tensor& src, void* host_dst);        // src.nbytes() bytes, completes before return
+    void copy(const Tensor& dst, const Tensor& src);         // device to device, same byte size
+    void synchronize();
     // Device memory bandwidth measured now with a large copy: (bytes read + bytes written) /
     // seconds, in GB/s (1e9). The roofline every benchmark compares against.
-    virtual double measure_copy_bandwidth_gbps() = 0;
+    double measure_copy_bandwidth_gbps();
 
-    // ---- ops ----------------------------------------------------------------------------
+    // ---- ops (semantics: the comments on each, and include/xinfer/backend_abi.h) ----------
     // out[t] = table[ids[t]], converted to out.dtype.
-    virtual void embedding(const Tensor& table /*[vocab, hidden]*/, const Tensor& ids /*[T] i32*/,
-                           const Tensor& out /*[T, hidden]*/) = 0;
+    void embedding(const Tensor& table /*[vocab, hidden]*/, const Tensor& ids /*[T] i32*/, const Tensor& out /*[T, hidden]*/);
     // out = x / sqrt(mean(x²) + eps) * weight, per row; statistics in f32.
-    virtual void rmsnorm(const Tensor& x /*[rows, n]*/, const Tensor& weight /*[n]*/, float eps,
-                         const Tensor& out /*[rows, n]*/) = 0;
+    void rmsnorm(const Tensor& x /*[rows, n]*/, const Tensor& weight /*[n]*/, float eps, const Tensor& out /*[rows, n]*/);
     // residual += x (in place), then out = rmsnorm(residual).
-    virtual void add_rmsnorm(const Tensor& residual /*[rows, n] in/out*/, const Tensor& x /*[rows, n]*/,
-                             const Tensor& weight /*[n]*/, float eps, const Tensor& out /*[rows, n]*/) = 0;
-    // y = x · wᵀ. w may be f32, bf16 or f16.
-    virtual void matmul(const Tensor& x /*[T, in]*/, const Tensor& w /*[out, in]*/, const Tensor& y /*[T, out]*/) = 0;
+    void add_rmsnorm(const Tensor& residual /*[rows, n] in/out*/, const Tensor& x /*[rows, n]*/,
+                     const Tensor& weight /*[n]*/, float eps, const Tensor& out /*[rows, n]*/);
+    // y = x · wᵀ. w may be f32, bf16, f16, or f8_e4m3 with block scales (w_scale, block).
+    void matmul(const Tensor& x /*[T, in]*/, const Tensor& w /*[out, in]*/, const Tensor& y /*[T, out]*/);
     // In place, on the first rotary_dim dims of every head.
-    virtual void rope(const Tensor& x /*[T, heads, head_dim] in/out*/, const Tensor& positions /*[T] i32*/,
-                      const RopeParams& params) = 0;
+    void rope(const Tensor& x /*[T, heads, head_dim] in/out*/, const Tensor& positions /*[T] i32*/, const RopeParams& params);
     // out = silu(gate) * up, with gate_up = [gate | up] along the last dim.
-    virtual void swiglu(const Tensor& gate_up /*[T, 2*I]*/, const Tensor& out /*[T, I]*/) = 0;
-    virtual void scale(const Tensor& x /*in place*/, float factor) = 0;
-    virtual void add(const Tensor& x /*[rows, n] in place*/, const Tensor& y /*[rows, n]*/) = 0;
-
+    void swiglu(const Tensor& gate_up /*[T, 2*I]*/, const Tensor& out /*[T, I]*/);
+    void scale(const Tensor& x /*in place*/, float factor);
+    void add(const Tensor& x /*[rows, n] in place*/, const Tensor& y /*[rows, n]*/);
+    // dst = src converted to dst.dtype (same shape).
+    void convert(const Tensor& src, const Tensor& dst);
     // Writes each new token's K/V into its slot (batch.slot_mapping).
-    virtual void kv_store(const Tensor& k /*[T, n_kv, dk]*/, const Tensor& v /*[T, n_kv, dv]*/,
-                          const Tensor& k_cache /*[pages, page_size, n_kv, dk]*/,
-                          const Tensor& v_cache /*[pages, page_size, n_kv, dv]*/, const AttentionBatch& batch) = 0;
+    void kv_store(const Tensor& k /*[T, n_kv, dk]*/, const Tensor& v /*[T, n_kv, dv]*/,
+                  const Tensor& k_cache /*[pages, page_size, n_kv, dk]*/, const Tensor& v_cache /*[pages, page_size, n_kv, dv]*/,
+                  const AttentionBatch& batch);
     // Paged attention for a batch of sequences with 1..many query tokens each. Optional sinks
     // (per query head, f32; an empty Tensor means none) add one extra logit per head to the
     // softmax whose probability is dropped.
-    virtual void attention(const Tensor& q /*[T, n_q, dk]*/, const Tensor& k_cache /*[pages, page_size, n_kv, dk]*/,
-                           const Tensor& v_cache /*[pages, page_size, n_kv, dv]*/, const Tensor& sinks /*[n_q] f32 or empty*/,
-                           const AttentionBatch& batch, const AttentionParams& params,
-                           const Tensor& out /*[T, n_q, dv]*/) = 0;
-
+    void attention(const Tensor& q /*[T, n_q, dk]*/, const Tensor& k_cache, const Tensor& v_cache,
+                   const Tensor& sinks /*[n_q] f32 or empty*/, const AttentionBatch& batch,
+                   const AttentionParams& params, const Tensor& out /*[T, n_q, dv]*/);
     // Picks top_k experts per token from router logits (f32).
-    virtual void moe_route(const Tensor& logits /*[T, E] f32*/, const Tensor& bias /*[E] f32 or empty*/,
-                           const RouterParams& params, const Tensor& expert_ids /*[T, k] i32*/,
-                           const Tensor& expert_weights /*[T, k] f32*/) = 0;
+    void moe_route(const Tensor& logits /*[T, E] f32*/, const Tensor& bias /*[E] f32 or empty*/, const RouterParams& params,
+                   const Tensor& expert_ids /*[T, k] i32*/, const Tensor& expert_weights /*[T, k] f32*/);
     // out[t] = Σ_k weights[t,k] · down_e(silu(gate_e(x[t])) * up_e(x[t])), e = expert_ids[t,k].
-    virtual void moe_experts(const Tensor& x /*[T, H]*/, const Tensor& expert_ids /*[T, k] i32*/,
-                             const Tensor& expert_weights /*[T, k] f32*/, const Tensor& gate_up /*[E, 2*I, H]*/,
-                             const Tensor& down /*[E, H, I]*/, const Tensor& out /*[T, H]*/) = 0;
+    void moe_experts(const Tensor& x /*[T, H]*/, const Tensor& expert_ids /*[T, k] i32*/,
+                     const Tensor& expert_weights /*[T, k] f32*/, const Tensor& gate_up /*[E, 2*I, H]*/,
+                     const Tensor& down /*[E, H, I]*/, const Tensor& out /*[T, H]*/);
+    // ids[r] = argmax of logits row r (lowest index on ties).
+    void argmax(const Tensor& logits /*[R, V]*/, const Tensor& ids /*[R] i32*/);
+
+    // ---- generic entry points (ops-test, tools) ---------------------------------------------
+    bool supports(const xinfer_op& op);
+    void run(const xinfer_op& op);  // throws on failure, naming the op and its shapes
+    // The layer tag put on every op until changed (-1: outside decoder layers); used by the
+    // profiler and in error messages.
+    void set_layer(int layer) { layer_ = layer; }
+    int layer() const { return layer_; }
+
+    // Called after every op with its descriptor and the host time spent issuing it; install
+    // one to profile (nullptr removes it).
+    using OpObserver = std::function<void(const xinfer_op& op, double host_start_us, double host_end_us)>;
+    void set_op_observer(OpObserver observer) { observer_ = std::move(observer); }
+
+    // Optional capabilities of the plugin.
+    bool has_graphs() const { return api_->graph_begin != nullptr; }
+    void graph_begin();
+    void* graph_end();
+    void graph_launch(void* graph);
+    void graph_destroy(void* graph);
+    bool has_events() const { return api_->event_record != nullptr; }
+    void* event_record();
+    float event_elapsed_ms(void* start, void* end);
+    void event_destroy(void* event);
+    void range_push(const char* name);
+    void range_pop();
+
+private:
+    void check(int status, const char* what);
+    const xinfer_backend_api* api_;
+    void* ctx_ = nullptr;
+    std::string label_;
+    xinfer_device_props props_{};
+    int layer_ = -1;
+    OpObserver observer_;
 };
 
-// The built-in CPU backend (src/backend/cpu/). Uses all cores (OpenMP).
+// The built-in CPU backend's plugin table (src/backend/cpu/cpu_abi.cpp). Uses all cores (OpenMP).
+const xinfer_backend_api* cpu_backend_api();
 std::unique_ptr<Backend> make_cpu_backend();
 
-// "cpu" → the CPU backend; anything else is an error until device plugins exist.
+// Opens a backend by device name: "cpu", or "<plugin>" / "<plugin>:N" for device N of
+// libxinfer-<plugin>.so, found (in this order) in $XINFER_PLUGIN_PATH (colon-separated
+// directories), next to the running executable, and in <executable dir>/../lib. Errors name
+// the plugin, where it was looked for, and why it failed (missing file, missing symbol, ABI
+// version mismatch, no devices, device index out of range).
 std::unique_ptr<Backend> make_backend(const std::string& device);
 
 }  // namespace xinfer

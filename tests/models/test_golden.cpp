@@ -15,6 +15,7 @@ struct GoldenCase {
     std::string name;
     double logits_tolerance;  // relative error vs the float64 reference
 };
+void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.name; }
 
 // Only f32 accumulation-order differences remain (1e-4): the CPU dequantizes FP8 to f32, which
 // reproduces the reference's dequantized weights exactly.

@@ -10,7 +10,9 @@ TEST(Backend, MakesTheCpuBackendAndRejectsUnknownDevices) {
     auto backend = make_backend("cpu");
     ASSERT_NE(backend, nullptr);
     EXPECT_EQ(backend->name(), "cpu");
-    expect_error([] { make_backend("cuda"); }, {"unknown device", "cuda", "cpu"});
+    expect_error([] { make_backend("nosuchaccel"); }, {"libxinfer-nosuchaccel.so", "not found", "XINFER_PLUGIN_PATH"});
+    expect_error([] { make_backend("cpu:1"); }, {"cpu:1", "one device"});
+    expect_error([] { make_backend("cuda:x"); }, {"cuda:x", "index"});
 }
 
 TEST(Backend, AllocIsAlignedAndUploadDownloadRoundTrips) {

@@ -87,9 +87,12 @@ void kv_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Ten
             fail("{}: slot_mapping[{}] = {} is beyond the cache's {} pages of {} tokens", op, t, slots[t], n_pages,
                  page_size);
 
-    // A slot's (page, offset) is its flat row index in [pages · page_size, n_kv, d].
-    auto store_row = [](const float* src, const Tensor& cache, int64_t slot, int64_t len) {
-        void* dst = static_cast<char*>(cache.data) + size_t(slot * len) * dtype_size(cache.dtype);
+    // Slot s is token s % page_size of page s / page_size; pages are batch.page_stride elements
+    // apart (0: contiguous, i.e. page_size · len).
+    auto store_row = [&](const float* src, const Tensor& cache, int64_t slot, int64_t len) {
+        const int64_t stride = batch.page_stride ? batch.page_stride : page_size * len;
+        const int64_t element = (slot / page_size) * stride + (slot % page_size) * len;
+        void* dst = static_cast<char*>(cache.data) + size_t(element) * dtype_size(cache.dtype);
         convert_from_f32(src, cache.dtype, dst, len);
     };
 #pragma omp parallel for schedule(static) if (T * n_kv * (dk + dv) > (1 << 15))
@@ -171,12 +174,14 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
                                         op, s, j0, logical_page, page, n_pages));
                         break;
                     }
-                    // Row (slot, kv head g) of [pages · page_size, n_kv, d].
-                    const int64_t first_row = (page * page_size + offset) * n_kv + g;
+                    // Token `offset`, kv head g of the page; pages are page_stride elements apart.
+                    const int64_t row_in_page = offset * n_kv + g;
+                    const int64_t k_stride = batch.page_stride ? batch.page_stride : page_size * n_kv * dk;
+                    const int64_t v_stride = batch.page_stride ? batch.page_stride : page_size * n_kv * dv;
                     const auto [keys, key_stride] =
-                        cache_rows_f32(k_cache, first_row * dk, n_keys, n_kv * dk, dk, k_scratch);
+                        cache_rows_f32(k_cache, page * k_stride + row_in_page * dk, n_keys, n_kv * dk, dk, k_scratch);
                     const auto [values, value_stride] =
-                        cache_rows_f32(v_cache, first_row * dv, n_keys, n_kv * dv, dv, v_scratch);
+                        cache_rows_f32(v_cache, page * v_stride + row_in_page * dv, n_keys, n_kv * dv, dv, v_scratch);
 
                     for (int64_t h = 0; h < group; ++h) {
                         const float* qh = q_data + (t * n_q + g * group + h) * dk;

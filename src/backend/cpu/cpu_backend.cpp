@@ -1,5 +1,5 @@
-// The CPU backend: host memory, a copy-bandwidth probe, and ops forwarded to the kernels in this
-// folder. It is synchronous, so synchronize() has nothing to wait for.
+// CPU backend support: host memory and the copy-bandwidth probe (the plugin table that exposes
+// them and the kernels is cpu_abi.cpp).
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/simd.h"
 
@@ -42,91 +42,43 @@ void* aligned_host_alloc(size_t bytes) {
     return p;
 }
 
-class CpuBackend final : public Backend {
-public:
-    std::string name() const override { return "cpu"; }
-
-    Buffer alloc(size_t bytes) override {
-        return Buffer(aligned_host_alloc(bytes), bytes, [](void* p) { std::free(p); });
-    }
-    void upload(const Tensor& dst, const void* host_src) override { std::memcpy(dst.data, host_src, dst.nbytes()); }
-    void download(const Tensor& src, void* host_dst) override { std::memcpy(host_dst, src.data, src.nbytes()); }
-    void synchronize() override {}
-
-    double measure_copy_bandwidth_gbps() override {
-        // Source and destination are each ≥ 512 MiB and ≥ 2× the last-level cache, so together
-        // they are ≥ 4× it and the copy streams DRAM. (Larger only adds first-touch time: ~1 s
-        // per GiB in the reference VM, for the same figure.)
-        const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-        const size_t bytes = std::max<size_t>(size_t(512) << 20, llc > 0 ? 2 * size_t(llc) : 0);
-        char* src = static_cast<char*>(aligned_host_alloc(bytes));
-        char* dst = static_cast<char*>(aligned_host_alloc(bytes));
-        auto parallel_copy = [&](bool first_touch) {
-#pragma omp parallel
-            {
-                const size_t n = size_t(omp_get_num_threads()), i = size_t(omp_get_thread_num());
-                const size_t begin = bytes * i / n, end = bytes * (i + 1) / n;
-                if (first_touch) {
-                    // Touch pages from the threads that will copy them (first-touch placement).
-                    std::memset(src + begin, 1, end - begin);
-                    std::memset(dst + begin, 0, end - begin);
-                }
-                std::memcpy(dst + begin, src + begin, end - begin);
-            }
-        };
-        parallel_copy(true);
-        double best = 0.0;
-        for (int rep = 0; rep < 4; ++rep) {
-            const auto start = std::chrono::steady_clock::now();
-            parallel_copy(false);
-            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            best = std::max(best, 2.0 * double(bytes) / seconds / 1e9);
-        }
-        std::free(src);
-        std::free(dst);
-        return best;
-    }
-
-    void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
-        cpu::embedding(table, ids, out);
-    }
-    void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
-        cpu::rmsnorm(x, weight, eps, out);
-    }
-    void add_rmsnorm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                     const Tensor& out) override {
-        cpu::add_rmsnorm(residual, x, weight, eps, out);
-    }
-    void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override { cpu::matmul(x, w, y); }
-    void rope(const Tensor& x, const Tensor& positions, const RopeParams& params) override {
-        cpu::rope(x, positions, params);
-    }
-    void swiglu(const Tensor& gate_up, const Tensor& out) override { cpu::swiglu(gate_up, out); }
-    void scale(const Tensor& x, float factor) override { cpu::scale(x, factor); }
-    void add(const Tensor& x, const Tensor& y) override { cpu::add(x, y); }
-    void kv_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
-                  const AttentionBatch& batch) override {
-        cpu::kv_store(k, v, k_cache, v_cache, batch);
-    }
-    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& sinks,
-                   const AttentionBatch& batch, const AttentionParams& params, const Tensor& out) override {
-        cpu::attention(q, k_cache, v_cache, sinks, batch, params, out);
-    }
-    void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& params, const Tensor& expert_ids,
-                   const Tensor& expert_weights) override {
-        cpu::moe_route(logits, bias, params, expert_ids, expert_weights);
-    }
-    void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights, const Tensor& gate_up,
-                     const Tensor& down, const Tensor& out) override {
-        cpu::moe_experts(x, expert_ids, expert_weights, gate_up, down, out);
-    }
-};
-
 }  // namespace
+
+void* host_alloc(size_t bytes) { return aligned_host_alloc(bytes); }
+
+double measure_copy_bandwidth_gbps() {
+    // Source and destination are each ≥ 512 MiB and ≥ 2× the last-level cache, so together
+    // they are ≥ 4× it and the copy streams DRAM. (Larger only adds first-touch time: ~1 s
+    // per GiB in the reference VM, for the same figure.)
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const size_t bytes = std::max<size_t>(size_t(512) << 20, llc > 0 ? 2 * size_t(llc) : 0);
+    char* src = static_cast<char*>(aligned_host_alloc(bytes));
+    char* dst = static_cast<char*>(aligned_host_alloc(bytes));
+    auto parallel_copy = [&](bool first_touch) {
+#pragma omp parallel
+        {
+            const size_t n = size_t(omp_get_num_threads()), i = size_t(omp_get_thread_num());
+            const size_t begin = bytes * i / n, end = bytes * (i + 1) / n;
+            if (first_touch) {
+                // Touch pages from the threads that will copy them (first-touch placement).
+                std::memset(src + begin, 1, end - begin);
+                std::memset(dst + begin, 0, end - begin);
+            }
+            std::memcpy(dst + begin, src + begin, end - begin);
+        }
+    };
+    parallel_copy(true);
+    double best = 0.0;
+    for (int rep = 0; rep < 4; ++rep) {
+        const auto start = std::chrono::steady_clock::now();
+        parallel_copy(false);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        best = std::max(best, 2.0 * double(bytes) / seconds / 1e9);
+    }
+    std::free(src);
+    std::free(dst);
+    return best;
+}
+
 }  // namespace xinfer::cpu
 
-namespace xinfer {
-
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
-
-}  // namespace xinfer

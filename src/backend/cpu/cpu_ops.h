@@ -36,6 +36,21 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert
 void matmul_raw(const float* x /*[T, K]*/, int64_t T, int64_t K, const void* w /*[N, K]*/, DType w_dtype, int64_t N,
                 float* y /*[T, N]*/);
 
+void argmax(const Tensor& logits, const Tensor& ids);
+int32_t argmax_row(const float* logits, int64_t vocab);
+// The reference sampling rule: temperature ≤ 0 → argmax; else sort by logit (ties: lower
+// index), keep top_k (0 = all), softmax at temperature, keep the smallest prefix with mass ≥
+// top_p, and pick where uniform·(kept mass) falls in the cumulative sum.
+int32_t sample_row(const float* logits, int64_t vocab, float temperature, float top_p, int top_k, float uniform);
+void convert(const Tensor& src, const Tensor& dst);
+// SAMPLE: one row each with its own temperature / top-p / top-k, drawing with `uniform`.
+void sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_p, const Tensor& top_k,
+            const Tensor& uniform, const Tensor& ids);
+
+// Host memory (64-byte aligned; release with std::free) and the bandwidth probe.
+void* host_alloc(size_t bytes);
+double measure_copy_bandwidth_gbps();
+
 // ---- validation helpers ------------------------------------------------------------------------
 std::string dtype_list(std::initializer_list<DType> dtypes);
 

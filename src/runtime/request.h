@@ -1,0 +1,41 @@
+// A request as the scheduler sees it: prompt, sampling, progress and outcome.
+#pragma once
+
+#include "sample/sampler.h"
+#include "xinfer/sampling_params.h"
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace xinfer {
+
+enum class FinishReason { none, stop, length, abort };
+const char* finish_reason_name(FinishReason reason);
+
+struct Request {
+    Request(uint64_t id_, std::vector<int32_t> prompt, const SamplingParams& sampling_, int max_tokens_)
+        : id(id_), tokens(std::move(prompt)), prompt_len(int64_t(tokens.size())), sampling(sampling_),
+          max_tokens(max_tokens_), sampler(sampling_), arrival(std::chrono::steady_clock::now()) {}
+
+    uint64_t id;
+    std::vector<int32_t> tokens;  // prompt, then every generated token
+    int64_t prompt_len;
+    SamplingParams sampling;
+    int max_tokens;
+    std::vector<int32_t> stop_ids;
+
+    int64_t computed = 0;         // tokens whose K/V are in the cache
+    int64_t cached_prompt = 0;    // prompt tokens reused from the prefix cache at first admission
+    int n_preemptions = 0;
+    FinishReason finish = FinishReason::none;
+    Sampler sampler;
+
+    std::chrono::steady_clock::time_point arrival, first_token, last_token;
+
+    int64_t n_tokens() const { return int64_t(tokens.size()); }
+    int64_t n_generated() const { return n_tokens() - prompt_len; }
+    bool finished() const { return finish != FinishReason::none; }
+};
+
+}  // namespace xinfer
