@@ -3,6 +3,7 @@
 // bandwidth; prefill: achieved matmul FLOP/s).
 #include "commands.h"
 #include "core/status.h"
+#include "runtime/profiler.h"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,7 @@ void add_bench_command(CLI::App& app) {
         int64_t prompt_len = 128;
         int64_t gen_len = 32;
         uint64_t seed = 0;
+        std::string profile;
     };
     auto options = std::make_shared<Options>();
     CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode speed against the device's limits");
@@ -42,6 +44,8 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--prompt-len", options->prompt_len, "Prompt tokens (prefill)")->default_val(128);
     cmd->add_option("--gen-len", options->gen_len, "Decode steps")->default_val(32);
     cmd->add_option("--seed", options->seed, "Seed of the random prompt")->default_val(0);
+    cmd->add_option("--profile", options->profile,
+                    "Write a Chrome trace (Perfetto) of every op to this .json file and print a per-op summary");
     cmd->callback([options] {
         LoadedModel loaded = load(options->model);
         const ModelConfig& config = loaded.model->config();
@@ -58,11 +62,16 @@ void add_bench_command(CLI::App& app) {
         runner_options.max_cached_tokens = options->prompt_len + options->gen_len + 16;
         Runner runner(*loaded.model, backend, runner_options);
 
+        std::unique_ptr<Profiler> profiler;
+        if (!options->profile.empty()) profiler = std::make_unique<Profiler>(backend);
+
         // Prefill the whole prompt in one step.
+        if (profiler) profiler->begin_region("prefill");
         double start = now_seconds();
         SequenceChunk prefill{0, 0, prompt, false};
         std::vector<float> logits = runner.step(std::span(&prefill, 1));
         const double prefill_seconds = now_seconds() - start;
+        if (profiler) profiler->end_region();
 
         // Decode: greedy, one token per step.
         std::vector<int32_t> generated;
@@ -70,7 +79,9 @@ void add_bench_command(CLI::App& app) {
         start = now_seconds();
         for (int64_t i = 0; i < options->gen_len; ++i) {
             SequenceChunk chunk{0, options->prompt_len + i, std::span(generated).last(1), false};
+            if (profiler) profiler->begin_region(fmt::format("decode step {}", i));
             logits = runner.step(std::span(&chunk, 1));
+            if (profiler) profiler->end_region();
             generated.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
         }
         const double decode_seconds = now_seconds() - start;
@@ -103,6 +114,13 @@ void add_bench_command(CLI::App& app) {
                                {"decode_bandwidth_fraction", achieved_gbps / bandwidth_gbps},
                                {"prefill_gflops", prefill_gflops}};
         fmt::print("{}\n", line.dump());
+        if (profiler) {
+            profiler->stop();
+            profiler->write_chrome_trace(options->profile);
+            fmt::print("\nper-op time (prefill + decode; with --profile, timings include profiling overhead):\n{}",
+                       profiler->summary());
+            fmt::print("wrote {}\n", options->profile);
+        }
     });
 }
 

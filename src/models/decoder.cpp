@@ -19,26 +19,10 @@ DType resident_dtype(DType stored, const LoadOptions& options) {
     }
 }
 
-// Per-step activation memory; every tensor lives until the Scratch is destroyed.
-class Scratch {
-public:
-    explicit Scratch(Backend& backend) : backend_(backend) {}
-    Tensor make(DType dtype, std::initializer_list<int64_t> dims) {
-        Tensor t(nullptr, dtype, dims);
-        buffers_.push_back(backend_.alloc(std::max<size_t>(t.nbytes(), 1)));
-        t.data = buffers_.back().data();
-        return t;
-    }
-
-private:
-    Backend& backend_;
-    std::vector<Buffer> buffers_;
-};
-
 }  // namespace
 
 DecoderModel::DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend, const LoadOptions& options)
-    : options_(options), config_(std::move(config)), backend_(backend) {
+    : options_(options), config_(std::move(config)), backend_(backend), workspace_(backend) {
     load_weights(checkpoint);
 }
 
@@ -211,7 +195,8 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
                  "batch has {} layer groups / {} caches for {} layers", batch.layer_group.size(), batch.caches.size(),
                  config_.layers.size());
     const float eps = config_.rms_norm_eps;
-    Scratch scratch(backend_);
+    workspace_.reset();
+    Workspace& scratch = workspace_;
     auto tap = [&](std::string_view name, int layer, const Tensor& t) {
         if (batch.tap) batch.tap(name, layer, t);
     };

@@ -3,6 +3,7 @@
 // SwiGLU or routed-expert FFN, all driven by the per-layer LayerSpec vectors of ModelConfig.
 #pragma once
 
+#include "backend/workspace.h"
 #include "models/model.h"
 
 #include <map>
@@ -55,6 +56,7 @@ private:
     ModelConfig config_;
     Backend& backend_;
     uint64_t dummy_counter_ = 0;
+    Workspace workspace_;          // activations, reused every step
     std::vector<Buffer> buffers_;  // owns every weight
     Tensor embed_tokens_;          // [vocab, hidden]
     Tensor final_norm_;            // [hidden] f32

@@ -10,6 +10,7 @@ Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
     : model_(model),
       backend_(backend),
       groups_(kv_groups_for(model.config())),
+      workspace_(backend),
       kv_(int(groups_.size()), options.page_size,
           (options.max_cached_tokens + options.page_size - 1) / options.page_size) {
     const ModelConfig& config = model.config();
@@ -51,13 +52,15 @@ std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const Tap
     }
     const int n_tokens = int(token_ids.size()), n_seqs = int(chunks.size());
 
-    // Host metadata → backend tensors, all kept alive until the step ends.
-    std::vector<Buffer> buffers;
-    auto upload = [&](const std::vector<int32_t>& host, std::initializer_list<int64_t> dims) {
-        Tensor t(nullptr, DType::i32, dims);
-        buffers.push_back(backend_.alloc(std::max<size_t>(t.nbytes(), 4)));
-        t.data = buffers.back().data();
-        backend_.upload(t, host.data());
+    // Host metadata → backend tensors in the step workspace. Uploads are stream-ordered, so
+    // the host vectors are kept until the step's synchronize.
+    workspace_.reset();
+    std::vector<std::vector<int32_t>> host_metadata;
+    host_metadata.reserve(4 + 2 * groups_.size());
+    auto upload = [&](std::vector<int32_t> host, std::initializer_list<int64_t> dims) {
+        Tensor t = workspace_.make(DType::i32, dims);
+        host_metadata.push_back(std::move(host));
+        backend_.upload(t, host_metadata.back().data());
         return t;
     };
 
@@ -65,7 +68,8 @@ std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const Tap
     batch.n_tokens = n_tokens;
     batch.token_ids = upload(token_ids, {n_tokens});
     batch.positions = upload(positions, {n_tokens});
-    batch.logit_rows = upload(logit_rows, {int64_t(logit_rows.size())});
+    const int64_t n_out = int64_t(logit_rows.size());
+    batch.logit_rows = upload(logit_rows, {n_out});
     Tensor cu = upload(cu_q_lens, {n_seqs + 1});
     Tensor lens = upload(kv_lens, {n_seqs});
     for (size_t g = 0; g < groups_.size(); ++g) {
@@ -95,9 +99,7 @@ std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const Tap
     batch.tap = tap;
 
     const int64_t vocab = model_.config().vocab_size;
-    Tensor logits(nullptr, DType::f32, {int64_t(logit_rows.size()), vocab});
-    buffers.push_back(backend_.alloc(logits.nbytes()));
-    logits.data = buffers.back().data();
+    Tensor logits = workspace_.make(DType::f32, {n_out, vocab});
     model_.forward(batch, logits);
     std::vector<float> host(size_t(logits.numel()));
     backend_.download(logits, host.data());

@@ -3,6 +3,7 @@
 // forward pass.
 #pragma once
 
+#include "backend/workspace.h"
 #include "kv/kv_manager.h"
 #include "models/model.h"
 
@@ -40,6 +41,7 @@ private:
     Model& model_;
     Backend& backend_;
     std::vector<KvGroupSpec> groups_;
+    Workspace workspace_;  // step metadata and logits
     KvManager kv_;
     std::vector<Buffer> cache_buffers_;
     std::vector<LayerCache> caches_;  // [n_layers]
