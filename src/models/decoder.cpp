@@ -8,9 +8,11 @@
 namespace xinfer {
 namespace {
 
-// Weights keep their stored dtype where the backend computes with it directly (f32, bf16,
-// f16); block-scaled FP8 is dequantized at load to options.dequant_dtype.
-DType resident_dtype(DType stored, const LoadOptions& options) {
+// Where a weight matrix lives and in which dtype: host-memory backends (the CPU oracle) keep
+// f32/bf16/f16 as stored and dequantize block-scaled FP8 to options.dequant_dtype (f32: exact);
+// accelerators compute in bf16, so every matrix is converted to bf16 at load.
+DType resident_dtype(DType stored, const LoadOptions& options, bool host_memory) {
+    if (!host_memory) return DType::bf16;
     switch (stored) {
         case DType::f32:
         case DType::bf16:
@@ -52,6 +54,7 @@ void DecoderModel::fill_dummy(const Tensor& t, bool is_norm) {
     std::vector<uint8_t> host(t.nbytes());
     convert_from_f32(values.data(), t.dtype, host.data(), n);
     backend_.upload(t, host.data());
+    backend_.synchronize();
 }
 
 Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::initializer_list<int64_t> shape,
@@ -61,10 +64,12 @@ Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::
         fill_dummy(t, name.ends_with("norm.weight"));
         return t;
     }
-    Tensor t = allocate(keep_f32 ? DType::f32 : resident_dtype(checkpoint.info(name).dtype, options_), shape);
+    const bool host_memory = backend_.props().host_memory != 0;
+    Tensor t = allocate(keep_f32 ? DType::f32 : resident_dtype(checkpoint.info(name).dtype, options_, host_memory), shape);
     std::vector<uint8_t> host(t.nbytes());
     checkpoint.read(name, std::span<const int64_t>(shape.begin(), shape.size()), t.dtype, host.data());
     backend_.upload(t, host.data());
+    backend_.synchronize();  // `host` dies here; uploads may be stream-ordered
     return t;
 }
 
@@ -75,7 +80,8 @@ Tensor DecoderModel::load_stacked(Checkpoint& checkpoint, const std::vector<std:
         fill_dummy(t, false);
         return t;
     }
-    Tensor t = allocate(resident_dtype(checkpoint.info(names.front()).dtype, options_), shape);
+    const bool host_memory = backend_.props().host_memory != 0;
+    Tensor t = allocate(resident_dtype(checkpoint.info(names.front()).dtype, options_, host_memory), shape);
     XINFER_CHECK(t.nbytes() % names.size() == 0, "stacking {} tensors into {}", names.size(), t.shape_string());
     const size_t part_bytes = t.nbytes() / names.size();
     std::vector<uint8_t> host(t.nbytes());
@@ -83,6 +89,7 @@ Tensor DecoderModel::load_stacked(Checkpoint& checkpoint, const std::vector<std:
         checkpoint.read(names[i], std::span<const int64_t>(part_shape.begin(), part_shape.size()), t.dtype,
                         host.data() + i * part_bytes);
     backend_.upload(t, host.data());
+    backend_.synchronize();
     return t;
 }
 
@@ -197,13 +204,14 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
     const float eps = config_.rms_norm_eps;
     workspace_.reset();
     Workspace& scratch = workspace_;
+    const DType act = backend_.activation_dtype();  // f32 on the CPU oracle, bf16 on accelerators
     auto tap = [&](std::string_view name, int layer, const Tensor& t) {
         if (batch.tap) batch.tap(name, layer, t);
     };
 
-    Tensor residual = scratch.make(DType::f32, {n_tokens, hidden});  // the residual stream x
-    Tensor normed = scratch.make(DType::f32, {n_tokens, hidden});    // RMSNorm(x), input of each block
-    Tensor block_out = scratch.make(DType::f32, {n_tokens, hidden}); // output of the last block
+    Tensor residual = scratch.make(act, {n_tokens, hidden});  // the residual stream x
+    Tensor normed = scratch.make(act, {n_tokens, hidden});    // RMSNorm(x), input of each block
+    Tensor block_out = scratch.make(act, {n_tokens, hidden}); // output of the last block
     backend_.embedding(embed_tokens_, batch.token_ids, residual);
     tap("embedding", -1, residual);
 
@@ -212,15 +220,22 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         const LayerWeights& w = layers_[il];
         const int layer = int(il);
         const int64_t n_q = spec.n_q_heads, n_kv = spec.n_kv_heads, dk = spec.head_dim_k, dv = spec.head_dim_v;
+        backend_.set_layer(layer);  // tags every op of this layer (profiler, errors, fault injection)
 
         // ---- attention ----
-        if (il == 0) backend_.rmsnorm(residual, w.input_norm, eps, normed);
-        else backend_.add_rmsnorm(residual, block_out, w.input_norm, eps, normed);
+        if (il == 0) {
+            backend_.rmsnorm(residual, w.input_norm, eps, normed);
+        } else {
+            // The previous layer's FFN output is added to the residual stream here (fused with
+            // this layer's norm), so that is where the previous layer's output becomes visible.
+            backend_.add_rmsnorm(residual, block_out, w.input_norm, eps, normed);
+            tap("residual", layer - 1, residual);
+        }
         tap("attn_input", layer, normed);
 
-        Tensor q = scratch.make(DType::f32, {n_tokens, n_q, dk});
-        Tensor k = scratch.make(DType::f32, {n_tokens, n_kv, dk});
-        Tensor v = scratch.make(DType::f32, {n_tokens, n_kv, dv});
+        Tensor q = scratch.make(act, {n_tokens, n_q, dk});
+        Tensor k = scratch.make(act, {n_tokens, n_kv, dk});
+        Tensor v = scratch.make(act, {n_tokens, n_kv, dv});
         backend_.matmul(normed, w.q_proj, q.reshape({n_tokens, n_q * dk}));
         backend_.matmul(normed, w.k_proj, k.reshape({n_tokens, n_kv * dk}));
         backend_.matmul(normed, w.v_proj, v.reshape({n_tokens, n_kv * dv}));
@@ -248,7 +263,7 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         params.window = spec.window;
         params.causal = true;
         params.page_size = int(cache.k.dim(1));
-        Tensor attn = scratch.make(DType::f32, {n_tokens, n_q, dv});
+        Tensor attn = scratch.make(act, {n_tokens, n_q, dv});
         backend_.attention(q, cache.k, cache.v, w.sinks, group, params, attn);
         tap("attn_output", layer, attn);
         backend_.matmul(attn.reshape({n_tokens, n_q * dv}), w.o_proj, block_out);
@@ -259,11 +274,11 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         tap("ffn_input", layer, normed);
         if (spec.ffn == FfnKind::dense) {
             const int64_t inter = config_.intermediate_size;
-            Tensor gate_up = scratch.make(DType::f32, {n_tokens, 2 * inter});
-            Tensor act = scratch.make(DType::f32, {n_tokens, inter});
+            Tensor gate_up = scratch.make(act, {n_tokens, 2 * inter});
+            Tensor activated = scratch.make(act, {n_tokens, inter});
             backend_.matmul(normed, w.gate_up, gate_up);
-            backend_.swiglu(gate_up, act);
-            backend_.matmul(act, w.down, block_out);
+            backend_.swiglu(gate_up, activated);
+            backend_.matmul(activated, w.down, block_out);
         } else {
             const int64_t top_k = config_.router.top_k;
             Tensor router_logits = scratch.make(DType::f32, {n_tokens, config_.n_experts});
@@ -280,10 +295,13 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
     }
 
     // Final norm (after the last block's residual add), then logits for the requested rows.
+    // The final add is still tagged with the last layer: it completes that layer's residual.
     backend_.add_rmsnorm(residual, block_out, final_norm_, eps, normed);
+    tap("residual", int(config_.layers.size()) - 1, residual);
+    backend_.set_layer(-1);
     tap("final_norm", -1, normed);
     const int64_t n_out = batch.logit_rows.numel();
-    Tensor selected = scratch.make(DType::f32, {n_out, hidden});
+    Tensor selected = scratch.make(act, {n_out, hidden});
     backend_.embedding(normed, batch.logit_rows, selected);  // row gather: same op as a table lookup
     backend_.matmul(selected, lm_head_, logits);
     tap("logits", -1, logits);

@@ -104,8 +104,9 @@ struct LoadOptions {
     bool dummy = false;
     DType dummy_dtype = DType::bf16;  // dtype of dummy matrices (norms, sinks, routers stay f32)
     uint64_t dummy_seed = 0;
-    // FP8 block-scaled weights are dequantized at load to this dtype. f32 (the CPU default)
-    // reproduces the checkpoint's values exactly, which the oracle needs; bf16 halves memory.
+    // On host-memory backends, FP8 block-scaled weights are dequantized at load to this dtype:
+    // f32 (the default) reproduces the checkpoint's values exactly, which the oracle needs;
+    // bf16 halves memory. Accelerators keep every matrix in bf16.
     DType dequant_dtype = DType::f32;
 };
 

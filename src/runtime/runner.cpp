@@ -21,8 +21,10 @@ Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
         for (int layer : spec.layers) {
             layer_group_[size_t(layer)] = int(g);
             LayerCache& cache = caches_[size_t(layer)];
-            cache.k = Tensor(nullptr, DType::f32, {kv_.pages_per_group(), options.page_size, spec.n_kv_heads, spec.head_dim_k});
-            cache.v = Tensor(nullptr, DType::f32, {kv_.pages_per_group(), options.page_size, spec.n_kv_heads, spec.head_dim_v});
+            // The cache holds K/V in the activation dtype (f32 on the CPU oracle, bf16 on devices).
+            const DType dtype = backend.activation_dtype();
+            cache.k = Tensor(nullptr, dtype, {kv_.pages_per_group(), options.page_size, spec.n_kv_heads, spec.head_dim_k});
+            cache.v = Tensor(nullptr, dtype, {kv_.pages_per_group(), options.page_size, spec.n_kv_heads, spec.head_dim_v});
             for (Tensor* t : {&cache.k, &cache.v}) {
                 cache_buffers_.push_back(backend.alloc(t->nbytes()));
                 t->data = cache_buffers_.back().data();

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -24,8 +25,11 @@ struct Fixture {
     int64_t vocab = 0;
 };
 
+// XINFER_FIXTURES_DIR in the environment overrides the build-time path (test binaries carried
+// to another machine, e.g. the GPU machine, whose checkout lives elsewhere).
 inline std::filesystem::path fixture_dir(const std::string& name) {
-    return std::filesystem::path(XINFER_FIXTURES_DIR) / name;
+    const char* env = std::getenv("XINFER_FIXTURES_DIR");
+    return std::filesystem::path(env && *env ? env : XINFER_FIXTURES_DIR) / name;
 }
 
 inline Fixture load_fixture(const std::string& name) {

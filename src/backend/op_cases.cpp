@@ -1,0 +1,1099 @@
+// The op-case grid and the machinery that runs a case on two backends (see op_cases.h).
+#include "backend/op_cases.h"
+
+#include "backend/op_desc.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+namespace xinfer::op_cases {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// ---- thresholds ----------------------------------------------------------------------------------
+//
+// NMSE = Σ(device − reference)² / Σ reference², after rounding the reference to the device's
+// output dtype, so a correctly rounded device result scores ~0 and what is measured is the
+// device's own intermediate rounding and summation order. One rounding to a format with unit
+// roundoff u (error uniform within half an ulp) costs at most u²/3 of NMSE:
+// bf16 u = 2^-8 → 5.1e-6, f16 u = 2^-11 → 8e-8, f32 u = 2^-24 → 1.2e-15.
+//
+//  class  op family                          threshold  why
+//  f32    everything                          1e-7      ggml test-backend-ops' default. A correct f32 kernel with
+//                                                       another summation order or a fast exp lands at 1e-14..1e-11;
+//                                                       a single bf16 rounding anywhere lands near 1e-6 and fails,
+//                                                       and so do f32 RoPE angles at large positions (~1e-5).
+//  f16    everything                          1e-6      ~12× one f16 rounding (a device may convert x to f16 to
+//                                                       match f16 weights).
+//  bf16   rmsnorm, add_rmsnorm, rope, swiglu, 5e-5      ~10× one bf16 rounding: these round once (the output; for
+//         scale, add                                    add_rmsnorm also the stored residual).
+//  bf16   matmul                              5e-5      bf16×bf16 products are exact in f32 and accumulate in f32;
+//                                                       only x's rounding (f32 x, bf16 w) and the output remain.
+//  bf16   attention                           1e-4      P is rounded to bf16 for P·V on tensor cores (≈2.5e-6),
+//                                                       plus split-KV partials and the output; 20-40× margin, while
+//                                                       a key off by one in a 128-wide window costs ~6e-5 per row.
+//  bf16   moe_experts                         2e-4      gate_up outputs and the SwiGLU hidden are rounded to bf16
+//                                                       between the two grouped GEMMs (three roundings in series).
+//  exact  embedding, convert, kv_store slots, 0         copies and RNE conversions; ids must be equal (ties go to
+//         argmax/sample/moe_route ids                    the lower index on every backend; sampling uses the same
+//                                                       uniforms on both sides).
+//  f32    moe_route weights                   1e-7      router math is f32 on every backend (logits are f32).
+constexpr Tolerance kElementwise{1e-7, 1e-6, 5e-5};
+constexpr Tolerance kMatmul{1e-7, 1e-6, 5e-5};
+constexpr Tolerance kAttention{1e-7, 1e-6, 1e-4};
+constexpr Tolerance kMoeExperts{1e-7, 1e-6, 2e-4};
+constexpr Tolerance kRouter{1e-7, 1e-7, 1e-7};
+constexpr Tolerance kExact{0, 0, 0};
+
+// Host values above this many elements are filled on the device instead (perf shapes).
+constexpr int64_t kMaxHostValues = int64_t(1) << 22;
+
+// ---- building tensors ----------------------------------------------------------------------------
+
+int64_t product(const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+}
+
+std::vector<float> uniform(int64_t n, std::mt19937& rng, float lo, float hi) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = dist(rng);
+    return v;
+}
+
+CaseTensor make_tensor(std::string name, Slot slot, Access access, bool activation, DType dtype,
+                       std::vector<int64_t> shape) {
+    CaseTensor t;
+    t.name = std::move(name);
+    t.slot = slot;
+    t.access = access;
+    t.activation = activation;
+    t.dtype = activation ? DType::f32 : dtype;
+    t.shape = std::move(shape);
+    if (access != Access::input) t.compare = Compare::nmse;
+    return t;
+}
+
+// Random values in [lo, hi], or a device fill of that magnitude for very large tensors.
+void fill_uniform(CaseTensor& t, std::mt19937& rng, float lo, float hi) {
+    const int64_t n = t.numel();
+    if (n > kMaxHostValues) {
+        t.bulk_random = std::max(std::fabs(lo), std::fabs(hi));
+        return;
+    }
+    t.values = uniform(n, rng, lo, hi);
+}
+
+CaseTensor act_input(std::string name, Slot slot, std::vector<int64_t> shape, std::mt19937& rng, float lo = -1.f,
+                     float hi = 1.f) {
+    CaseTensor t = make_tensor(std::move(name), slot, Access::input, true, DType::f32, std::move(shape));
+    fill_uniform(t, rng, lo, hi);
+    return t;
+}
+CaseTensor act_inout(std::string name, Slot slot, std::vector<int64_t> shape, std::mt19937& rng, float lo = -1.f,
+                     float hi = 1.f) {
+    CaseTensor t = make_tensor(std::move(name), slot, Access::inout, true, DType::f32, std::move(shape));
+    fill_uniform(t, rng, lo, hi);
+    return t;
+}
+CaseTensor act_output(std::string name, Slot slot, std::vector<int64_t> shape) {
+    return make_tensor(std::move(name), slot, Access::output, true, DType::f32, std::move(shape));
+}
+CaseTensor fixed_input(std::string name, Slot slot, DType dtype, std::vector<int64_t> shape, std::mt19937& rng,
+                       float lo, float hi) {
+    CaseTensor t = make_tensor(std::move(name), slot, Access::input, false, dtype, std::move(shape));
+    fill_uniform(t, rng, lo, hi);
+    return t;
+}
+CaseTensor fixed_values(std::string name, Slot slot, DType dtype, std::vector<int64_t> shape, std::vector<float> values) {
+    CaseTensor t = make_tensor(std::move(name), slot, Access::input, false, dtype, std::move(shape));
+    t.values = std::move(values);
+    return t;
+}
+CaseTensor fixed_output(std::string name, Slot slot, DType dtype, std::vector<int64_t> shape, Compare compare) {
+    CaseTensor t = make_tensor(std::move(name), slot, Access::output, false, dtype, std::move(shape));
+    t.compare = compare;
+    return t;
+}
+CaseTensor i32_input(std::string name, Slot slot, std::vector<int64_t> shape, std::vector<int32_t> ints) {
+    CaseTensor t = make_tensor(std::move(name), slot, Access::input, false, DType::i32, std::move(shape));
+    t.ints = std::move(ints);
+    return t;
+}
+CaseTensor i32_output(std::string name, Slot slot, std::vector<int64_t> shape) {
+    CaseTensor t = make_tensor(std::move(name), slot, Access::output, false, DType::i32, std::move(shape));
+    t.compare = Compare::exact;
+    return t;
+}
+
+OpCase make_case(xinfer_op_type type, std::string description, Tolerance tolerance, std::function<CaseData()> build) {
+    return {op_type_name(type), std::move(description), tolerance, std::move(build)};
+}
+
+CaseData start(xinfer_op_type type) {
+    CaseData data;
+    data.op = make_op(type, -1);
+    data.op.name = "ops-test";
+    return data;
+}
+
+// k distinct values of [0, n), in random order.
+std::vector<int32_t> distinct(int64_t n, int64_t k, std::mt19937& rng) {
+    std::vector<int32_t> all(static_cast<size_t>(n));
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t i = 0; i < k; ++i) {
+        std::uniform_int_distribution<int64_t> pick(i, n - 1);
+        std::swap(all[size_t(i)], all[size_t(pick(rng))]);
+    }
+    all.resize(size_t(k));
+    return all;
+}
+
+// ---- elementwise, norms, rope ------------------------------------------------------------------------
+
+OpCase embedding_case(int64_t vocab, int64_t hidden, int64_t T, DType table_dtype, uint32_t seed) {
+    return make_case(XINFER_OP_EMBEDDING,
+                     fmt::format("embedding(V={}, H={}, T={}, table={})", vocab, hidden, T, dtype_name(table_dtype)),
+                     kExact, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_EMBEDDING);
+                         d.tensors.push_back(fixed_input("table", src(0), table_dtype, {vocab, hidden}, rng, -1.f, 1.f));
+                         std::vector<int32_t> ids(static_cast<size_t>(T));
+                         std::uniform_int_distribution<int32_t> token(0, int32_t(vocab - 1));
+                         for (int32_t& id : ids) id = token(rng);
+                         ids[0] = int32_t(vocab - 1);  // the last row is where off-by-one reads show
+                         d.tensors.push_back(i32_input("ids", src(1), {T}, ids));
+                         CaseTensor out = act_output("out", dst(0), {T, hidden});
+                         out.compare = Compare::exact;
+                         d.tensors.push_back(out);
+                         return d;
+                     });
+}
+
+OpCase rmsnorm_case(int64_t rows, int64_t n, DType w_dtype, float eps, uint32_t seed) {
+    return make_case(XINFER_OP_RMSNORM,
+                     fmt::format("rmsnorm(rows={}, n={}, w={}, eps={:g})", rows, n, dtype_name(w_dtype), eps),
+                     kElementwise, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_RMSNORM);
+                         d.op.params.norm.eps = eps;
+                         d.tensors.push_back(act_input("x", src(0), {rows, n}, rng, -3.f, 3.f));
+                         d.tensors.push_back(fixed_input("weight", src(1), w_dtype, {n}, rng, 0.5f, 1.5f));
+                         d.tensors.push_back(act_output("out", dst(0), {rows, n}));
+                         return d;
+                     });
+}
+
+OpCase add_rmsnorm_case(int64_t rows, int64_t n, DType w_dtype, uint32_t seed) {
+    return make_case(XINFER_OP_ADD_RMSNORM,
+                     fmt::format("add_rmsnorm(rows={}, n={}, w={})", rows, n, dtype_name(w_dtype)), kElementwise, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_ADD_RMSNORM);
+                         d.op.params.norm.eps = 1e-6f;
+                         d.tensors.push_back(act_inout("residual", src(0), {rows, n}, rng, -3.f, 3.f));
+                         d.tensors.push_back(act_input("x", src(1), {rows, n}, rng));
+                         d.tensors.push_back(fixed_input("weight", src(2), w_dtype, {n}, rng, 0.5f, 1.5f));
+                         d.tensors.push_back(act_output("out", dst(0), {rows, n}));
+                         return d;
+                     });
+}
+
+OpCase rope_case(int64_t T, int64_t heads, int64_t head_dim, int rotary_dim, float theta, int32_t max_position,
+                 uint32_t seed) {
+    return make_case(XINFER_OP_ROPE,
+                     fmt::format("rope(T={}, heads={}, D={}, rotary={}, theta={:g}, positions<={})", T, heads,
+                                 head_dim, rotary_dim, theta, max_position),
+                     kElementwise, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_ROPE);
+                         d.op.params.rope.rotary_dim = rotary_dim;
+                         d.op.params.rope.theta = theta;
+                         d.tensors.push_back(act_inout("x", src(0), {T, heads, head_dim}, rng));
+                         std::vector<int32_t> positions(static_cast<size_t>(T));
+                         std::uniform_int_distribution<int32_t> position(0, max_position);
+                         for (int32_t& p : positions) p = position(rng);
+                         positions.back() = max_position;
+                         d.tensors.push_back(i32_input("positions", src(1), {T}, positions));
+                         return d;
+                     });
+}
+
+OpCase swiglu_case(int64_t T, int64_t I, uint32_t seed) {
+    return make_case(XINFER_OP_SWIGLU, fmt::format("swiglu(T={}, I={})", T, I), kElementwise, [=] {
+        std::mt19937 rng(seed);
+        CaseData d = start(XINFER_OP_SWIGLU);
+        d.tensors.push_back(act_input("gate_up", src(0), {T, 2 * I}, rng, -4.f, 4.f));
+        d.tensors.push_back(act_output("out", dst(0), {T, I}));
+        return d;
+    });
+}
+
+OpCase scale_case(int64_t rows, int64_t n, float factor, uint32_t seed) {
+    return make_case(XINFER_OP_SCALE, fmt::format("scale(rows={}, n={}, factor={:g})", rows, n, factor), kElementwise,
+                     [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_SCALE);
+                         d.op.params.scale.factor = factor;
+                         d.tensors.push_back(act_inout("x", src(0), {rows, n}, rng, -2.f, 2.f));
+                         return d;
+                     });
+}
+
+OpCase add_case(int64_t rows, int64_t n, uint32_t seed) {
+    return make_case(XINFER_OP_ADD, fmt::format("add(rows={}, n={})", rows, n), kElementwise, [=] {
+        std::mt19937 rng(seed);
+        CaseData d = start(XINFER_OP_ADD);
+        d.tensors.push_back(act_inout("x", src(0), {rows, n}, rng, -2.f, 2.f));
+        d.tensors.push_back(act_input("y", src(1), {rows, n}, rng));
+        return d;
+    });
+}
+
+OpCase convert_case(DType from, DType to, int64_t rows, int64_t n, uint32_t seed) {
+    return make_case(XINFER_OP_CONVERT,
+                     fmt::format("convert({} -> {}, rows={}, n={})", dtype_name(from), dtype_name(to), rows, n), kExact,
+                     [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_CONVERT);
+                         d.tensors.push_back(fixed_input("src", src(0), from, {rows, n}, rng, -100.f, 100.f));
+                         d.tensors.push_back(fixed_output("dst", dst(0), to, {rows, n}, Compare::exact));
+                         return d;
+                     });
+}
+
+// ---- matmul and MoE --------------------------------------------------------------------------------
+
+OpCase matmul_case(int64_t T, int64_t N, int64_t K, DType w_dtype, uint32_t seed) {
+    return make_case(XINFER_OP_MATMUL, fmt::format("matmul(T={}, N={}, K={}, w={})", T, N, K, dtype_name(w_dtype)),
+                     kMatmul, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_MATMUL);
+                         const float a = std::sqrt(3.f / float(K));  // unit-variance outputs
+                         d.tensors.push_back(act_input("x", src(0), {T, K}, rng));
+                         d.tensors.push_back(fixed_input("w", src(1), w_dtype, {N, K}, rng, -a, a));
+                         d.tensors.push_back(act_output("y", dst(0), {T, N}));
+                         return d;
+                     });
+}
+
+struct RouteSpec {
+    int64_t T, E;
+    bool sigmoid, bias;
+    int n_group, topk_group, top_k;
+    bool norm;
+    float scaling;
+    bool ties;  // logits on a coarse grid, so many scores tie
+    uint32_t seed;
+};
+
+OpCase moe_route_case(const RouteSpec& s) {
+    std::string mode = s.sigmoid ? "sigmoid" : "softmax";
+    if (s.bias) mode += "+bias";
+    if (s.n_group > 1) mode += fmt::format(", groups={}/{}", s.topk_group, s.n_group);
+    if (s.norm) mode += ", norm";
+    if (s.scaling != 1.f) mode += fmt::format(", scale={:g}", s.scaling);
+    if (s.ties) mode += ", ties";
+    return make_case(XINFER_OP_MOE_ROUTE, fmt::format("moe_route(T={}, E={}, top_k={}, {})", s.T, s.E, s.top_k, mode),
+                     kRouter, [s] {
+                         std::mt19937 rng(s.seed);
+                         CaseData d = start(XINFER_OP_MOE_ROUTE);
+                         xinfer_route_params& p = d.op.params.route;
+                         p.scoring = s.sigmoid ? 1 : 0;
+                         p.top_k = s.top_k;
+                         p.n_group = s.n_group;
+                         p.topk_group = s.topk_group;
+                         p.norm_topk_prob = s.norm ? 1 : 0;
+                         p.routed_scaling_factor = s.scaling;
+                         CaseTensor logits = fixed_input("logits", src(0), DType::f32, {s.T, s.E}, rng, -4.f, 4.f);
+                         if (s.ties)
+                             for (float& v : logits.values) v = std::round(v * 2.f) / 2.f;
+                         d.tensors.push_back(logits);
+                         if (s.bias) {
+                             CaseTensor bias = fixed_input("bias", src(1), DType::f32, {s.E}, rng, -0.3f, 0.3f);
+                             if (s.ties)
+                                 for (float& v : bias.values) v = std::round(v * 8.f) / 8.f;
+                             d.tensors.push_back(bias);
+                         }
+                         d.tensors.push_back(i32_output("ids", dst(0), {s.T, s.top_k}));
+                         d.tensors.push_back(fixed_output("weights", dst(1), DType::f32, {s.T, s.top_k}, Compare::nmse));
+                         return d;
+                     });
+}
+
+OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, DType w_dtype, uint32_t seed) {
+    return make_case(XINFER_OP_MOE_EXPERTS,
+                     fmt::format("moe_experts(T={}, H={}, I={}, E={}, top_k={}, w={})", T, H, I, E, top_k,
+                                 dtype_name(w_dtype)),
+                     kMoeExperts, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_MOE_EXPERTS);
+                         d.tensors.push_back(act_input("x", src(0), {T, H}, rng));
+                         std::vector<int32_t> ids;
+                         std::vector<float> weights;
+                         for (int64_t t = 0; t < T; ++t) {
+                             const std::vector<int32_t> chosen = distinct(E, top_k, rng);
+                             ids.insert(ids.end(), chosen.begin(), chosen.end());
+                             std::vector<float> w = uniform(top_k, rng, 0.1f, 1.f);
+                             const float sum = std::accumulate(w.begin(), w.end(), 0.f);
+                             for (float v : w) weights.push_back(v / sum);
+                         }
+                         d.tensors.push_back(i32_input("ids", src(1), {T, top_k}, ids));
+                         d.tensors.push_back(fixed_values("weights", src(2), DType::f32, {T, top_k}, weights));
+                         const float a_gate = std::sqrt(3.f / float(H)) * 2.f, a_down = std::sqrt(3.f / float(I));
+                         d.tensors.push_back(fixed_input("gate_up", src(3), w_dtype, {E, 2 * I, H}, rng, -a_gate, a_gate));
+                         d.tensors.push_back(fixed_input("down", src(4), w_dtype, {E, H, I}, rng, -a_down, a_down));
+                         d.tensors.push_back(act_output("out", dst(0), {T, H}));
+                         return d;
+                     });
+}
+
+// ---- sampling ------------------------------------------------------------------------------------------
+
+OpCase argmax_case(int64_t rows, int64_t vocab, bool ties, uint32_t seed) {
+    return make_case(XINFER_OP_ARGMAX, fmt::format("argmax(rows={}, V={}{})", rows, vocab, ties ? ", ties" : ""),
+                     kExact, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_ARGMAX);
+                         CaseTensor logits = act_input("logits", src(0), {rows, vocab}, rng, -8.f, 8.f);
+                         if (ties)  // few distinct values: the maximum repeats within every row
+                             for (float& v : logits.values) v = std::round(v / 4.f);
+                         d.tensors.push_back(logits);
+                         d.tensors.push_back(i32_output("ids", dst(0), {rows}));
+                         return d;
+                     });
+}
+
+OpCase sample_case(int64_t rows, int64_t vocab, uint32_t seed) {
+    return make_case(XINFER_OP_SAMPLE, fmt::format("sample(rows={}, V={}, temperature/top-k/top-p mix)", rows, vocab),
+                     kExact, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_SAMPLE);
+                         d.tensors.push_back(act_input("logits", src(0), {rows, vocab}, rng, -6.f, 6.f));
+                         // Row r uses setting r % 7: greedy, plain, top-k, top-p, both, top-k 1, low temperature.
+                         const float temperatures[7] = {0.f, 1.f, 0.8f, 1.2f, 0.7f, 1.f, 0.3f};
+                         const float top_ps[7] = {1.f, 1.f, 1.f, 0.9f, 0.8f, 1.f, 0.95f};
+                         const int32_t top_ks[7] = {0, 0, 50, 0, 20, 1, 0};
+                         std::vector<float> temperature, top_p, draws = uniform(rows, rng, 0.f, 0.999f);
+                         std::vector<int32_t> top_k;
+                         for (int64_t r = 0; r < rows; ++r) {
+                             temperature.push_back(temperatures[r % 7]);
+                             top_p.push_back(top_ps[r % 7]);
+                             top_k.push_back(top_ks[r % 7]);
+                         }
+                         d.tensors.push_back(fixed_values("temperature", src(1), DType::f32, {rows}, temperature));
+                         d.tensors.push_back(fixed_values("top_p", src(2), DType::f32, {rows}, top_p));
+                         d.tensors.push_back(i32_input("top_k", src(3), {rows}, top_k));
+                         d.tensors.push_back(fixed_values("uniform", src(4), DType::f32, {rows}, draws));
+                         d.tensors.push_back(i32_output("ids", dst(0), {rows}));
+                         return d;
+                     });
+}
+
+// ---- paged KV: kv_store and attention ---------------------------------------------------------------------
+
+// Where one layer's K and V live: their own [pages, page_size, n_kv, d] tensors, or (pool_layers
+// > 0) blocks of a pool whose pages hold several layers, page_stride elements apart (the layout
+// of src/kv/kv_layout.h, plus `pad` elements per page).
+struct CacheGeometry {
+    int64_t n_pages, page_size, n_kv, dk, dv;
+    int pool_layers = 0, layer = 0, pad = 0;
+    std::optional<DType> dtype;  // fixed; default: the activation dtype
+
+    int64_t k_page_elements() const { return page_size * n_kv * dk; }
+    int64_t v_page_elements() const { return page_size * n_kv * dv; }
+    int64_t page_stride() const { return pool_layers ? pool_layers * (k_page_elements() + v_page_elements()) + pad : 0; }
+    int64_t k_offset() const { return layer * (k_page_elements() + v_page_elements()); }
+    int64_t v_offset() const { return k_offset() + k_page_elements(); }
+    // Element of dim i of (page, slot, kv head g) in the K (or V) tensor / pool.
+    int64_t k_index(int64_t page, int64_t slot, int64_t g, int64_t i) const {
+        return (pool_layers ? page * page_stride() + k_offset() : page * k_page_elements()) + (slot * n_kv + g) * dk + i;
+    }
+    int64_t v_index(int64_t page, int64_t slot, int64_t g, int64_t i) const {
+        return (pool_layers ? page * page_stride() + v_offset() : page * v_page_elements()) + (slot * n_kv + g) * dv + i;
+    }
+    std::string describe() const {
+        std::string text = fmt::format("page={}", page_size);
+        if (pool_layers) text += fmt::format(", page_stride={} (layer {} of {})", page_stride(), layer, pool_layers);
+        if (dtype) text += fmt::format(", cache={}", dtype_name(*dtype));
+        return text;
+    }
+};
+
+// Adds the cache tensors (k_cache at src(k_slot), v_cache at src(k_slot + 1)), every element
+// initialised to `fill`; returns the indices of the tensors holding K and V values (the pool
+// twice when pooled).
+std::pair<size_t, size_t> add_caches(CaseData& d, const CacheGeometry& g, int k_slot, Access access, float fill) {
+    auto cache = [&](std::string name, Slot slot, std::vector<int64_t> shape) {
+        CaseTensor t = make_tensor(std::move(name), slot, access, !g.dtype, g.dtype.value_or(DType::f32), std::move(shape));
+        if (access == Access::inout) t.compare = Compare::exact;
+        return t;
+    };
+    if (!g.pool_layers) {
+        CaseTensor k = cache("k_cache", src(k_slot), {g.n_pages, g.page_size, g.n_kv, g.dk});
+        CaseTensor v = cache("v_cache", src(k_slot + 1), {g.n_pages, g.page_size, g.n_kv, g.dv});
+        k.values.assign(size_t(k.numel()), fill);
+        v.values.assign(size_t(v.numel()), fill);
+        d.tensors.push_back(std::move(k));
+        d.tensors.push_back(std::move(v));
+        return {d.tensors.size() - 2, d.tensors.size() - 1};
+    }
+    CaseTensor pool = cache("kv_pool", Slot{}, {g.n_pages, g.page_stride()});
+    pool.values.assign(size_t(pool.numel()), fill);
+    d.tensors.push_back(std::move(pool));
+    const size_t pool_index = d.tensors.size() - 1;
+    for (int which = 0; which < 2; ++which) {
+        CaseTensor view = cache(which ? "v_cache" : "k_cache", src(k_slot + which),
+                                {g.n_pages, g.page_size, g.n_kv, which ? g.dv : g.dk});
+        view.access = Access::input;
+        view.compare = Compare::none;
+        view.view_of = int(pool_index);
+        view.view_offset = which ? g.v_offset() : g.k_offset();
+        d.tensors.push_back(std::move(view));
+    }
+    d.op.batch.page_stride = g.page_stride();
+    return {pool_index, pool_index};
+}
+
+struct KvStoreSpec {
+    int64_t T;
+    CacheGeometry cache;
+    uint32_t seed;
+};
+
+OpCase kv_store_case(const KvStoreSpec& s) {
+    return make_case(XINFER_OP_KV_STORE,
+                     fmt::format("kv_store(T={}, kv_heads={}, d={}/{}, pages={}, {}, skipped slots)", s.T, s.cache.n_kv,
+                                 s.cache.dk, s.cache.dv, s.cache.n_pages, s.cache.describe()),
+                     kExact, [s] {
+                         std::mt19937 rng(s.seed);
+                         const CacheGeometry& g = s.cache;
+                         CaseData d = start(XINFER_OP_KV_STORE);
+                         d.tensors.push_back(act_input("k", src(0), {s.T, g.n_kv, g.dk}, rng));
+                         d.tensors.push_back(act_input("v", src(1), {s.T, g.n_kv, g.dv}, rng));
+                         const auto [k_index, v_index] = add_caches(d, g, 2, Access::inout, 0.f);
+                         // Old contents: random, so that untouched slots are checked too.
+                         for (size_t i : {k_index, v_index})
+                             for (float& x : d.tensors[i].values) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+                         std::vector<int32_t> slots = distinct(g.n_pages * g.page_size, s.T, rng);
+                         for (int64_t t = 0; t < s.T; t += 5) slots[size_t(t)] = -1;  // padding tokens
+                         d.tensors.push_back(i32_input("slot_mapping", {Slot::slot_mapping}, {s.T}, slots));
+                         d.op.batch.page_size = int32_t(g.page_size);
+                         return d;
+                     });
+}
+
+struct AttentionSpec {
+    std::string label;
+    std::vector<int> q_lens, kv_lens;  // per sequence; its queries are the last q_len of its kv_len keys
+    int n_q, n_kv, dk, dv;
+    int window = 0;
+    bool causal = true, sinks = false;
+    int page_size = 16;
+    int pool_layers = 0, layer = 0, pad = 0;
+    std::optional<DType> cache_dtype;
+    bool bulk = false;  // perf: caches filled on the device (no NaN sentinels)
+    uint32_t seed = 1;
+};
+
+// Keys [lo, hi] query position p of a sequence with kv_len keys may see (the CPU's rule).
+std::pair<int64_t, int64_t> visible_keys(int64_t p, int64_t kv_len, int window, bool causal) {
+    int64_t lo = 0, hi = kv_len - 1;
+    if (causal) hi = std::min(hi, p);
+    if (window > 0) {
+        lo = std::max<int64_t>(0, p - window + 1);
+        if (!causal) hi = std::min<int64_t>(hi, p + window - 1);
+    }
+    return {lo, hi};
+}
+
+std::string range_text(const std::vector<int>& v) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return *lo == *hi ? std::to_string(*lo) : fmt::format("{}..{}", *lo, *hi);
+}
+
+OpCase attention_case(const AttentionSpec& s) {
+    const int T = std::accumulate(s.q_lens.begin(), s.q_lens.end(), 0);
+    std::string mode = s.causal ? "causal" : "non-causal";
+    mode += s.window ? fmt::format(", window={}", s.window) : std::string(s.causal ? ", full" : "");
+    if (s.sinks) mode += ", sinks";
+    CacheGeometry geometry{0, s.page_size, s.n_kv, s.dk, s.dv, s.pool_layers, s.layer, s.pad, s.cache_dtype};
+    std::string description =
+        fmt::format("attention({}: seqs={}, T={}, q={}, kv={}, heads={}/{} (GQA {}), d={}/{}, {}, {})", s.label,
+                    s.q_lens.size(), T, range_text(s.q_lens), range_text(s.kv_lens), s.n_q, s.n_kv, s.n_q / s.n_kv,
+                    s.dk, s.dv, mode, geometry.describe());
+    return make_case(XINFER_OP_ATTENTION, std::move(description), kAttention, [s, T] {
+        std::mt19937 rng(s.seed);
+        const int64_t n_seqs = int64_t(s.q_lens.size()), ps = s.page_size;
+        CaseData d = start(XINFER_OP_ATTENTION);
+        xinfer_attention_params& p = d.op.params.attention;
+        p.n_q_heads = s.n_q;
+        p.n_kv_heads = s.n_kv;
+        p.head_dim_k = s.dk;
+        p.head_dim_v = s.dv;
+        p.softmax_scale = 1.f / std::sqrt(float(s.dk));
+        p.window = s.window;
+        p.causal = s.causal ? 1 : 0;
+        p.k_scale = p.v_scale = 1.f;
+
+        // Metadata: queries of sequence i are positions kv_len - q_len .. kv_len - 1.
+        std::vector<int32_t> cu_q_lens{0}, positions;
+        int64_t max_pages = 0;
+        for (int64_t i = 0; i < n_seqs; ++i) {
+            cu_q_lens.push_back(cu_q_lens.back() + s.q_lens[size_t(i)]);
+            for (int q = 0; q < s.q_lens[size_t(i)]; ++q) positions.push_back(s.kv_lens[size_t(i)] - s.q_lens[size_t(i)] + q);
+            max_pages = std::max<int64_t>(max_pages, (s.kv_lens[size_t(i)] + ps - 1) / ps);
+        }
+        max_pages += 1;  // trailing -1 entries, as in a table sized for longer sequences
+
+        // Resident logical pages: all that hold keys, except (with a window) pages wholly before
+        // every query's window, which a sliding manager has released (-1 in the table).
+        std::vector<std::pair<int64_t, int64_t>> resident;  // (sequence, logical page)
+        for (int64_t i = 0; i < n_seqs; ++i) {
+            int64_t first_needed = s.kv_lens[size_t(i)];
+            for (int32_t t = cu_q_lens[size_t(i)]; t < cu_q_lens[size_t(i) + 1]; ++t)
+                first_needed = std::min(first_needed,
+                                        visible_keys(positions[size_t(t)], s.kv_lens[size_t(i)], s.window, s.causal).first);
+            for (int64_t page = 0; page * ps < s.kv_lens[size_t(i)]; ++page)
+                if (s.window == 0 || (page + 1) * ps > first_needed) resident.emplace_back(i, page);
+        }
+        // A shuffled pool with a few free pages nobody references.
+        CacheGeometry g{int64_t(resident.size()) + 3, ps, s.n_kv, s.dk, s.dv, s.pool_layers, s.layer, s.pad, s.cache_dtype};
+        std::vector<int32_t> physical(static_cast<size_t>(g.n_pages));
+        std::iota(physical.begin(), physical.end(), 0);
+        std::shuffle(physical.begin(), physical.end(), rng);
+        std::vector<int32_t> page_table(size_t(n_seqs * max_pages), -1);
+        for (size_t r = 0; r < resident.size(); ++r)
+            page_table[size_t(resident[r].first * max_pages + resident[r].second)] = physical[r];
+
+        d.tensors.push_back(act_input("q", src(0), {T, s.n_q, s.dk}, rng, -4.f, 4.f));
+        // Every cache element starts as NaN: other layers of the pool, free pages and slots past
+        // kv_len must never reach the output. Only keys that exist get values.
+        const auto [k_index, v_index] = add_caches(d, g, 1, Access::input, kNaN);
+        if (s.bulk) {
+            for (size_t i : {k_index, v_index}) {
+                d.tensors[i].values.clear();
+                d.tensors[i].bulk_random = 1.f;
+            }
+        } else {
+            std::vector<float>& k_values = d.tensors[k_index].values;
+            std::vector<float>& v_values = d.tensors[v_index].values;
+            std::uniform_real_distribution<float> value(-1.f, 1.f);
+            for (size_t r = 0; r < resident.size(); ++r) {
+                const auto [seq, page] = resident[r];
+                for (int64_t slot = 0; slot < ps && page * ps + slot < s.kv_lens[size_t(seq)]; ++slot)
+                    for (int64_t h = 0; h < s.n_kv; ++h) {
+                        for (int64_t i = 0; i < s.dk; ++i) k_values[size_t(g.k_index(physical[r], slot, h, i))] = value(rng);
+                        for (int64_t i = 0; i < s.dv; ++i) v_values[size_t(g.v_index(physical[r], slot, h, i))] = value(rng);
+                    }
+            }
+        }
+        if (s.sinks) d.tensors.push_back(fixed_input("sinks", src(3), DType::f32, {s.n_q}, rng, -1.f, 3.f));
+        d.tensors.push_back(act_output("out", dst(0), {T, s.n_q, s.dv}));
+
+        d.op.batch.n_seqs = int32_t(n_seqs);
+        d.op.batch.max_pages_per_seq = int32_t(max_pages);
+        d.op.batch.page_size = int32_t(ps);
+        d.tensors.push_back(i32_input("cu_q_lens", {Slot::cu_q_lens}, {n_seqs + 1}, cu_q_lens));
+        d.tensors.push_back(i32_input("kv_lens", {Slot::kv_lens}, {n_seqs}, std::vector<int32_t>(s.kv_lens.begin(), s.kv_lens.end())));
+        d.tensors.push_back(i32_input("positions", {Slot::positions}, {T}, positions));
+        d.tensors.push_back(i32_input("page_table", {Slot::page_table}, {n_seqs, max_pages}, page_table));
+        return d;
+    });
+}
+
+// ---- running -------------------------------------------------------------------------------------------
+
+float round_to(DType dtype, float v) {
+    if (dtype == DType::bf16) return bf16_to_f32(f32_to_bf16(v));
+    if (dtype == DType::f16) return f16_to_f32(f32_to_f16(v));
+    return v;
+}
+
+bool is_float(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
+
+// dtype of tensor t on one side: activations are `activation` on the device, f32 on the reference.
+DType side_dtype(const CaseTensor& t, DType activation, bool reference_side) {
+    if (!t.activation) return t.dtype;
+    return reference_side ? DType::f32 : activation;
+}
+
+// dtype the tensor's values are rounded to before either side sees them.
+DType value_dtype(const CaseTensor& t, DType activation) { return t.activation ? activation : t.dtype; }
+
+xinfer_tensor* slot_in(xinfer_op& op, const Slot& slot) {
+    switch (slot.kind) {
+        case Slot::src: return &op.src[slot.index];
+        case Slot::dst: return &op.dst[slot.index];
+        case Slot::cu_q_lens: return &op.batch.cu_q_lens;
+        case Slot::kv_lens: return &op.batch.kv_lens;
+        case Slot::positions: return &op.batch.positions;
+        case Slot::page_table: return &op.batch.page_table;
+        case Slot::slot_mapping: return &op.batch.slot_mapping;
+        case Slot::none: return nullptr;
+    }
+    return nullptr;
+}
+
+xinfer_op build_op(const CaseData& data, DType activation, bool reference_side, const std::vector<void*>& pointers) {
+    xinfer_op op = data.op;
+    for (size_t i = 0; i < data.tensors.size(); ++i) {
+        const CaseTensor& t = data.tensors[i];
+        xinfer_tensor* out = slot_in(op, t.slot);
+        if (!out) continue;
+        *out = xinfer_tensor{};
+        out->data = pointers.empty() ? nullptr : pointers[i];
+        out->dtype = int32_t(side_dtype(t, activation, reference_side));
+        out->rank = int32_t(t.shape.size());
+        for (size_t k = 0; k < t.shape.size(); ++k) out->shape[k] = t.shape[k];
+    }
+    return op;
+}
+
+const CaseTensor* find_slot(const CaseData& data, Slot::Kind kind, int index = 0) {
+    for (const CaseTensor& t : data.tensors)
+        if (t.slot.kind == kind && t.slot.index == index) return &t;
+    return nullptr;
+}
+
+}  // namespace
+
+int64_t CaseTensor::numel() const { return product(shape); }
+
+double Tolerance::for_class(DType precision) const {
+    switch (precision) {
+        case DType::bf16: return bf16;
+        case DType::f16: return f16;
+        default: return f32;
+    }
+}
+
+// ---- the grids ----------------------------------------------------------------------------------------------
+
+std::vector<OpCase> correctness_cases() {
+    std::vector<OpCase> cases;
+    uint32_t seed = 1000;
+    const DType f32 = DType::f32, bf16 = DType::bf16, f16 = DType::f16;
+
+    for (auto [V, H, T, dtype] : {std::tuple{997, 259, 7, f32}, std::tuple{997, 259, 33, bf16},
+                                  std::tuple{50, 4096, 1, bf16}, std::tuple{300, 128, 5, f16}})
+        cases.push_back(embedding_case(V, H, T, dtype, ++seed));
+
+    for (auto [rows, n, dtype] : {std::tuple{1, 4096, bf16}, std::tuple{7, 259, f32}, std::tuple{33, 1000, bf16},
+                                  std::tuple{512, 64, f32}, std::tuple{5, 4095, f16}})
+        cases.push_back(rmsnorm_case(rows, n, dtype, 1e-6f, ++seed));
+    for (auto [rows, n, dtype] : {std::tuple{1, 4096, bf16}, std::tuple{7, 259, f32}, std::tuple{33, 1000, bf16}})
+        cases.push_back(add_rmsnorm_case(rows, n, dtype, ++seed));
+
+    // RoPE: full and partial rotary, MiMo's theta and head dims, positions up to 256K.
+    cases.push_back(rope_case(7, 4, 24, 24, 1e4f, 100, ++seed));
+    cases.push_back(rope_case(5, 3, 192, 64, 5e6f, 262143, ++seed));
+    cases.push_back(rope_case(33, 8, 128, 128, 1e6f, 200000, ++seed));
+    cases.push_back(rope_case(1, 64, 192, 64, 5e6f, 200001, ++seed));
+    cases.push_back(rope_case(19, 2, 16, 8, 1e4f, 5000, ++seed));
+
+    for (auto [T, I] : {std::pair{1, 2048}, std::pair{7, 259}, std::pair{33, 1000}}) cases.push_back(swiglu_case(T, I, ++seed));
+    cases.push_back(scale_case(7, 259, 0.7f, ++seed));
+    cases.push_back(scale_case(1, 4096, 1.5f, ++seed));
+    cases.push_back(add_case(7, 259, ++seed));
+    cases.push_back(add_case(33, 1000, ++seed));
+    for (auto [from, to] : {std::pair{f32, bf16}, std::pair{bf16, f32}, std::pair{f32, f16}, std::pair{f16, f32},
+                            std::pair{bf16, f16}, std::pair{f16, bf16}})
+        cases.push_back(convert_case(from, to, 7, 259, ++seed));
+
+    // Matmul: decode (GEMV), verify, prefill; odd N and K; f32 and bf16 weights (plus f16).
+    for (int T : {1, 7, 33, 512})
+        for (auto [N, K] : {std::pair{129, 255}, std::pair{1000, 1024}})
+            for (DType w : {bf16, f32}) cases.push_back(matmul_case(T, N, K, w, ++seed));
+    cases.push_back(matmul_case(1, 2049, 4096, bf16, ++seed));
+    cases.push_back(matmul_case(17, 256, 512, f16, ++seed));
+
+    // Router: MiMo (sigmoid + bias, 256 experts, top 8), DeepSeek groups, softmax, ties.
+    cases.push_back(moe_route_case({7, 256, true, true, 1, 1, 8, true, 2.5f, false, ++seed}));
+    cases.push_back(moe_route_case({1, 256, true, true, 8, 4, 8, true, 2.5f, false, ++seed}));
+    cases.push_back(moe_route_case({33, 64, true, true, 8, 3, 6, true, 1.f, false, ++seed}));
+    cases.push_back(moe_route_case({100, 8, false, false, 1, 1, 2, false, 1.f, false, ++seed}));
+    cases.push_back(moe_route_case({9, 160, false, false, 10, 4, 6, true, 1.f, false, ++seed}));
+    cases.push_back(moe_route_case({20, 64, true, true, 1, 1, 8, true, 1.f, true, ++seed}));
+
+    // Experts: decode and prefill-sized pair counts, odd widths, f32 experts.
+    cases.push_back(moe_experts_case(1, 256, 128, 16, 4, bf16, ++seed));
+    cases.push_back(moe_experts_case(7, 129, 67, 8, 2, bf16, ++seed));
+    cases.push_back(moe_experts_case(33, 512, 256, 64, 8, bf16, ++seed));
+    cases.push_back(moe_experts_case(100, 256, 128, 16, 4, bf16, ++seed));
+    cases.push_back(moe_experts_case(20, 128, 64, 8, 2, f32, ++seed));
+
+    for (auto [rows, V, ties] : {std::tuple{7, 1000, false}, std::tuple{1, 152576, false}, std::tuple{7, 1000, true},
+                                 std::tuple{3, 4097, false}})
+        cases.push_back(argmax_case(rows, V, ties, ++seed));
+    cases.push_back(sample_case(14, 1000, ++seed));
+    cases.push_back(sample_case(4, 152576, ++seed));
+
+    cases.push_back(kv_store_case({7, {8, 16, 2, 192, 128}, ++seed}));
+    cases.push_back(kv_store_case({33, {5, 16, 4, 24, 16}, ++seed}));
+    cases.push_back(kv_store_case({5, {6, 16, 8, 192, 128, 3, 1, 8}, ++seed}));
+    cases.push_back(kv_store_case({9, {4, 16, 1, 128, 128, 0, 0, 0, bf16}, ++seed}));
+
+    // Attention: every variant the models use. Page size 16 with shuffled tables throughout.
+    auto attention = [&](AttentionSpec s) {
+        s.seed = ++seed;
+        cases.push_back(attention_case(s));
+    };
+    attention({"decode", {1, 1, 1, 1}, {1, 37, 300, 129}, 16, 2, 192, 128});
+    attention({"chunks vs cache", {7, 32, 1, 13}, {7, 95, 64, 300}, 16, 1, 192, 128, 0, true, true});
+    attention({"prefill", {130}, {130}, 16, 2, 192, 128});
+    attention({"sliding", {1, 5, 32, 3}, {200, 150, 161, 33}, 16, 2, 192, 128, 32, true, true});
+    attention({"sliding small", {1, 9, 4}, {80, 70, 16}, 4, 4, 24, 16, 16, true, false});
+    attention({"MiMo SWA verify", {32, 32}, {600, 140}, 16, 2, 192, 128, 128, true, true});
+    attention({"DFlash block", {16, 16}, {100, 40}, 16, 2, 128, 128, 8, false, false});
+    attention({"non-causal", {16, 5}, {60, 21}, 16, 1, 192, 128, 0, false, true});
+    attention({"pool", {3, 1, 17}, {50, 200, 17}, 16, 2, 192, 128, 0, true, true, 16, 3, 1, 8});
+    attention({"pool sliding", {1, 8}, {150, 90}, 16, 1, 192, 128, 32, true, true, 16, 3, 2, 5});
+    attention({"small dims", {2, 7}, {40, 7}, 16, 1, 24, 16, 0, true, true});
+    attention({"bf16 cache", {5, 1}, {70, 33}, 16, 2, 192, 128, 0, true, true, 16, 0, 0, 0, bf16});
+    attention({"odd page", {3, 1}, {60, 45}, 8, 1, 192, 128, 20, true, true, 7});
+    attention({"long decode", {1, 1}, {2048, 1500}, 16, 1, 192, 128});
+    attention({"many seqs MHA", {1, 2, 3, 4, 5, 6}, {6, 50, 33, 17, 90, 6}, 4, 4, 128, 128});
+    return cases;
+}
+
+std::vector<OpCase> perf_cases() {
+    // MiMo-V2-Flash: hidden 4096, 64 query heads (q 12288 = 64 × 192), full-attention layers 4 KV
+    // heads, sliding (window 128, sinks) 8 KV heads, head dims 192/128, 256 experts × 2048, top 8,
+    // vocab 152576, RoPE theta 5e6 on 64 of 192 dims.
+    std::vector<OpCase> cases;
+    uint32_t seed = 5000;
+    const DType bf16 = DType::bf16;
+    const int hidden = 4096, vocab = 152576;
+    for (int T : {1, 4096}) {
+        cases.push_back(embedding_case(vocab, hidden, T, bf16, ++seed));
+        cases.push_back(rmsnorm_case(T, hidden, bf16, 1e-6f, ++seed));
+        cases.push_back(add_rmsnorm_case(T, hidden, bf16, ++seed));
+        cases.push_back(matmul_case(T, 12288, hidden, bf16, ++seed));        // q_proj
+        cases.push_back(matmul_case(T, 4 * (192 + 128), hidden, bf16, ++seed));  // k+v of a full layer
+        cases.push_back(matmul_case(T, hidden, 64 * 128, bf16, ++seed));     // o_proj
+        cases.push_back(rope_case(T, 64, 192, 64, 5e6f, 200000, ++seed));
+        cases.push_back(swiglu_case(T, 2048, ++seed));
+        cases.push_back(moe_route_case({T, 256, true, true, 1, 1, 8, true, 2.5f, false, ++seed}));
+        cases.push_back(moe_experts_case(T, hidden, 2048, 256, 8, bf16, ++seed));
+    }
+    cases.push_back(matmul_case(32, 12288, hidden, bf16, ++seed));
+    cases.push_back(moe_experts_case(32, hidden, 2048, 256, 8, bf16, ++seed));
+    cases.push_back(matmul_case(1, vocab, hidden, bf16, ++seed));  // lm_head
+    cases.push_back(argmax_case(32, vocab, false, ++seed));
+    cases.push_back(sample_case(32, vocab, ++seed));
+    cases.push_back(kv_store_case({32, {4096, 16, 4, 192, 128}, ++seed}));
+    cases.push_back(kv_store_case({4096, {4096, 16, 8, 192, 128}, ++seed}));
+
+    auto attention = [&](AttentionSpec s) {
+        s.bulk = true;
+        s.seed = ++seed;
+        cases.push_back(attention_case(s));
+    };
+    attention({"GA decode", std::vector<int>(32, 1), std::vector<int>(32, 8192), 64, 4, 192, 128});
+    attention({"GA decode long", {1}, {32768}, 64, 4, 192, 128});
+    attention({"SWA decode", std::vector<int>(32, 1), std::vector<int>(32, 8192), 64, 8, 192, 128, 128, true, true});
+    attention({"GA verify", std::vector<int>(8, 32), std::vector<int>(8, 4096), 64, 4, 192, 128});
+    attention({"GA prefill", {4096}, {4096}, 64, 4, 192, 128});
+    attention({"SWA prefill", {4096}, {4096}, 64, 8, 192, 128, 128, true, true});
+    attention({"DFlash block", std::vector<int>(8, 16), std::vector<int>(8, 4096), 32, 4, 128, 128, 0, false, false});
+    return cases;
+}
+
+// ---- running ------------------------------------------------------------------------------------------------
+
+xinfer_op resolve_op(const CaseData& data, DType activation, bool reference_side) {
+    return build_op(data, activation, reference_side, {});
+}
+
+DType precision_class(const CaseData& data, DType activation) {
+    DType lowest = DType::f32;
+    for (const CaseTensor& t : data.tensors) {
+        const DType d = side_dtype(t, activation, false);
+        if (d == DType::bf16) lowest = DType::bf16;
+        else if (d == DType::f16 && lowest == DType::f32) lowest = DType::f16;
+    }
+    return lowest;
+}
+
+uint64_t case_bytes(const CaseData& data, DType activation) {
+    uint64_t bytes = 0;
+    for (const CaseTensor& t : data.tensors)
+        if (t.view_of < 0) bytes += uint64_t(t.numel()) * dtype_size(side_dtype(t, activation, false));
+    return bytes;
+}
+
+std::vector<DType> activation_candidates(const Backend& device) {
+    if (device.props().host_memory) return {DType::f32};
+    return {DType::bf16, DType::f32};
+}
+
+std::optional<DType> pick_activation(const CaseData& data, Backend& device) {
+    for (DType candidate : activation_candidates(device))
+        if (device.supports(resolve_op(data, candidate, false))) return candidate;
+    return std::nullopt;
+}
+
+PreparedCase::PreparedCase(const CaseData& data, Backend& backend, DType activation, bool reference_side)
+    : data_(data), backend_(backend), activation_(activation), reference_side_(reference_side) {
+    const size_t n = data.tensors.size();
+    dtypes_.resize(n);
+    buffers_.resize(n);
+    pointers_.assign(n, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+        const CaseTensor& t = data.tensors[i];
+        dtypes_[i] = side_dtype(t, activation, reference_side);
+        if (t.view_of >= 0) continue;
+        const size_t bytes = size_t(t.numel()) * dtype_size(dtypes_[i]);
+        buffers_[i] = backend.alloc(bytes);
+        pointers_[i] = buffers_[i].data();
+        allocated_ += bytes;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        const CaseTensor& t = data.tensors[i];
+        if (t.view_of < 0) continue;
+        XINFER_CHECK(data.tensors[size_t(t.view_of)].view_of < 0 && dtypes_[size_t(t.view_of)] == dtypes_[i],
+                     "view {} must view a plain tensor of its dtype", t.name);
+        pointers_[i] = static_cast<char*>(pointers_[size_t(t.view_of)]) + size_t(t.view_offset) * dtype_size(dtypes_[i]);
+    }
+    op_ = build_op(data, activation, reference_side, pointers_);
+}
+
+void PreparedCase::reset() {
+    // Host bytes must stay alive until the synchronize below (uploads are stream-ordered).
+    std::vector<std::vector<char>> staging;
+    for (size_t i = 0; i < data_.tensors.size(); ++i) {
+        const CaseTensor& t = data_.tensors[i];
+        if (t.view_of >= 0) continue;
+        const DType dtype = dtypes_[i];
+        const Tensor device_tensor(pointers_[i], DType::u8, {int64_t(t.numel() * int64_t(dtype_size(dtype)))});
+        if (t.access == Access::output) {
+            staging.emplace_back(device_tensor.nbytes(), char(0xff));  // NaN in f32/bf16/f16, -1 in i32
+            backend_.upload(device_tensor, staging.back().data());
+        } else if (t.bulk_random > 0) {
+            // Random values of this dtype in a chunk, copied on the device over the whole tensor.
+            const int64_t chunk = std::min<int64_t>(t.numel(), int64_t(1) << 22);
+            std::mt19937 rng(uint32_t(i) * 7919u + 17u);
+            const std::vector<float> values = uniform(chunk, rng, -t.bulk_random, t.bulk_random);
+            staging.emplace_back(size_t(chunk) * dtype_size(dtype));
+            if (dtype == DType::i32) {
+                std::fill(staging.back().begin(), staging.back().end(), 0);
+            } else {
+                convert_from_f32(values.data(), dtype, staging.back().data(), chunk);
+            }
+            const int64_t chunk_bytes = int64_t(staging.back().size()), total = device_tensor.numel();
+            backend_.upload(Tensor(pointers_[i], DType::u8, {chunk_bytes}), staging.back().data());
+            for (int64_t offset = chunk_bytes; offset < total; offset += chunk_bytes) {
+                const int64_t n = std::min(chunk_bytes, total - offset);
+                backend_.copy(Tensor(static_cast<char*>(pointers_[i]) + offset, DType::u8, {n}),
+                              Tensor(pointers_[i], DType::u8, {n}));
+            }
+        } else if (dtype == DType::i32) {
+            XINFER_CHECK(int64_t(t.ints.size()) == t.numel(), "{}: {} ints for {} elements", t.name, t.ints.size(),
+                         t.numel());
+            staging.emplace_back(reinterpret_cast<const char*>(t.ints.data()),
+                                 reinterpret_cast<const char*>(t.ints.data() + t.ints.size()));
+            backend_.upload(device_tensor, staging.back().data());
+        } else {
+            XINFER_CHECK(int64_t(t.values.size()) == t.numel(), "{}: {} values for {} elements", t.name,
+                         t.values.size(), t.numel());
+            const DType rounding = value_dtype(t, activation_);
+            std::vector<float> rounded(t.values.size());
+            for (size_t k = 0; k < rounded.size(); ++k) rounded[k] = round_to(rounding, t.values[k]);
+            staging.emplace_back(device_tensor.nbytes());
+            convert_from_f32(rounded.data(), dtype, staging.back().data(), int64_t(rounded.size()));
+            backend_.upload(device_tensor, staging.back().data());
+        }
+    }
+    backend_.synchronize();
+}
+
+std::vector<float> PreparedCase::download(size_t i) {
+    const CaseTensor& t = data_.tensors[i];
+    const DType dtype = dtypes_[i];
+    std::vector<char> raw(size_t(t.numel()) * dtype_size(dtype));
+    backend_.download(Tensor(pointers_[i], DType::u8, {int64_t(raw.size())}), raw.data());
+    std::vector<float> values(size_t(t.numel()));
+    if (dtype == DType::i32) {
+        const int32_t* ints = reinterpret_cast<const int32_t*>(raw.data());
+        for (size_t k = 0; k < values.size(); ++k) values[k] = float(ints[k]);  // ids < 2^24: exact
+    } else {
+        convert_to_f32(dtype, raw.data(), values.data(), t.numel());
+    }
+    return values;
+}
+
+namespace {
+
+TensorCheck compare_tensor(const CaseTensor& t, const std::vector<float>& reference, const std::vector<float>& device,
+                           DType device_dtype, double threshold) {
+    TensorCheck check;
+    check.name = t.name;
+    check.compare = t.compare;
+    check.threshold = t.compare == Compare::exact ? 0 : threshold;
+    check.count = int64_t(reference.size());
+    double diff2 = 0, ref2 = 0;
+    for (size_t i = 0; i < reference.size(); ++i) {
+        const float want = is_float(device_dtype) ? round_to(device_dtype, reference[i]) : reference[i];
+        const float got = device[i];
+        if (!std::isfinite(want) || !std::isfinite(got)) {
+            ++check.non_finite;
+            ++check.mismatches;
+            continue;
+        }
+        if (want != got) ++check.mismatches;
+        diff2 += double(got - want) * double(got - want);
+        ref2 += double(want) * double(want);
+    }
+    check.nmse = ref2 > 0 ? diff2 / ref2 : diff2;
+    check.pass = check.non_finite == 0 &&
+                 (t.compare == Compare::exact ? check.mismatches == 0 : check.nmse <= check.threshold);
+    return check;
+}
+
+}  // namespace
+
+CaseResult check_case(const OpCase& c, const CaseData& data, Backend& reference, Backend& device) {
+    CaseResult result;
+    try {
+        const std::optional<DType> activation = pick_activation(data, device);
+        if (!activation) {
+            result.status = CaseResult::unsupported;
+            return result;
+        }
+        result.activation = *activation;
+        if (!reference.supports(resolve_op(data, *activation, true))) {
+            result.message = fmt::format("the reference backend {} refuses this case", reference.name());
+            return result;
+        }
+        PreparedCase want(data, reference, *activation, true);
+        PreparedCase got(data, device, *activation, false);
+        want.reset();
+        got.reset();
+        reference.run(want.op());
+        reference.synchronize();
+        try {
+            device.run(got.op());
+            device.synchronize();
+        } catch (const std::exception& e) {
+            result.message = fmt::format("supports_op accepted the op, then: {}", e.what());
+            return result;
+        }
+        const double threshold = c.tolerance.for_class(precision_class(data, *activation));
+        bool pass = true;
+        for (size_t i = 0; i < data.tensors.size(); ++i) {
+            const CaseTensor& t = data.tensors[i];
+            if (t.compare == Compare::none) continue;
+            result.checks.push_back(compare_tensor(t, want.download(i), got.download(i), got.dtype_of(i), threshold));
+            pass = pass && result.checks.back().pass;
+        }
+        result.status = pass ? CaseResult::pass : CaseResult::fail;
+    } catch (const std::exception& e) {
+        result.status = CaseResult::fail;
+        result.message = e.what();
+    }
+    return result;
+}
+
+std::string format_checks(const CaseResult& result) {
+    std::string text;
+    for (const TensorCheck& c : result.checks) {
+        if (!text.empty()) text += "; ";
+        if (result.checks.size() > 1) text += c.name + ": ";
+        if (c.compare == Compare::exact) {
+            text += fmt::format("exact: {} of {} differ", c.mismatches, c.count);
+        } else {
+            text += fmt::format("nmse={:.2e} (threshold {:.0e})", c.nmse, c.threshold);
+        }
+        if (c.non_finite) text += fmt::format(", {} NaN/inf", c.non_finite);
+    }
+    if (!result.message.empty()) text += (text.empty() ? "" : "; ") + result.message;
+    return text;
+}
+
+OpCost op_cost(const CaseData& data, const xinfer_op& op) {
+    auto bytes = [](const xinfer_tensor& t) { return t.rank > 0 ? double(from_abi(t).nbytes()) : 0.0; };
+    auto esize = [](const xinfer_tensor& t) { return double(dtype_size(DType(t.dtype))); };
+    OpCost cost;
+    switch (op.type) {
+        case XINFER_OP_EMBEDDING: {
+            const double rows = double(op.src[1].shape[0]), hidden = double(op.src[0].shape[1]);
+            cost.bytes = rows * hidden * (esize(op.src[0]) + esize(op.dst[0])) + bytes(op.src[1]);
+            break;
+        }
+        case XINFER_OP_ADD_RMSNORM: cost.bytes = 2 * bytes(op.src[0]) + bytes(op.src[1]) + bytes(op.src[2]) + bytes(op.dst[0]); break;
+        case XINFER_OP_MATMUL: {
+            const xinfer_tensor& w = op.src[1];
+            cost.bytes = bytes(op.src[0]) + bytes(w) + bytes(op.dst[0]);
+            cost.flops = 2.0 * double(from_abi(op.src[0]).rows()) * double(w.shape[0]) * double(w.shape[1]);
+            break;
+        }
+        case XINFER_OP_ROPE: {
+            const xinfer_tensor& x = op.src[0];
+            cost.bytes = 2.0 * double(x.shape[0] * x.shape[1] * op.params.rope.rotary_dim) * esize(x) + bytes(op.src[1]);
+            break;
+        }
+        case XINFER_OP_SCALE: cost.bytes = 2 * bytes(op.src[0]); break;
+        case XINFER_OP_ADD: cost.bytes = 2 * bytes(op.src[0]) + bytes(op.src[1]); break;
+        case XINFER_OP_KV_STORE: {
+            const CaseTensor* slots = find_slot(data, Slot::slot_mapping);
+            const double stored = slots ? double(std::count_if(slots->ints.begin(), slots->ints.end(), [](int32_t s) { return s >= 0; })) : 0;
+            const xinfer_tensor &k = op.src[0], &v = op.src[1];
+            cost.bytes = bytes(k) + bytes(v) + bytes(op.batch.slot_mapping) +
+                         stored * double(k.shape[1]) * (double(k.shape[2]) * esize(op.src[2]) + double(v.shape[2]) * esize(op.src[3]));
+            break;
+        }
+        case XINFER_OP_ATTENTION: {
+            const xinfer_attention_params& p = op.params.attention;
+            cost.bytes = bytes(op.src[0]) + bytes(op.src[3]) + bytes(op.dst[0]) + bytes(op.batch.cu_q_lens) +
+                         bytes(op.batch.kv_lens) + bytes(op.batch.positions) + bytes(op.batch.page_table);
+            const CaseTensor* cu = find_slot(data, Slot::cu_q_lens);
+            const CaseTensor* kv_lens = find_slot(data, Slot::kv_lens);
+            const CaseTensor* positions = find_slot(data, Slot::positions);
+            if (!cu || !kv_lens || !positions) break;
+            const double key_bytes = double(p.n_kv_heads) * (double(p.head_dim_k) * esize(op.src[1]) +
+                                                             double(p.head_dim_v) * esize(op.src[2]));
+            for (size_t s = 0; s + 1 < cu->ints.size(); ++s) {
+                int64_t lo = std::numeric_limits<int64_t>::max(), hi = -1;
+                for (int32_t t = cu->ints[s]; t < cu->ints[s + 1]; ++t) {
+                    const auto [a, b] = visible_keys(positions->ints[size_t(t)], kv_lens->ints[s], p.window, p.causal != 0);
+                    if (b < a) continue;
+                    cost.flops += double(b - a + 1) * p.n_q_heads * 2.0 * (p.head_dim_k + p.head_dim_v);
+                    lo = std::min(lo, a);
+                    hi = std::max(hi, b);
+                }
+                if (hi >= lo) cost.bytes += double(hi - lo + 1) * key_bytes;  // each visible key read once
+            }
+            break;
+        }
+        case XINFER_OP_MOE_EXPERTS: {
+            const xinfer_tensor &x = op.src[0], &ids = op.src[1], &gate_up = op.src[3], &down = op.src[4];
+            const CaseTensor* id_values = find_slot(data, Slot::src, 1);
+            std::vector<char> touched(size_t(gate_up.shape[0]), 0);
+            if (id_values)
+                for (int32_t e : id_values->ints)
+                    if (e >= 0 && e < gate_up.shape[0]) touched[size_t(e)] = 1;
+            const double experts = double(std::count(touched.begin(), touched.end(), 1));
+            cost.bytes = bytes(x) + bytes(ids) + bytes(op.src[2]) + bytes(op.dst[0]) +
+                         experts * (bytes(gate_up) + bytes(down)) / double(gate_up.shape[0]);
+            const double H = double(x.shape[1]), I = double(gate_up.shape[1]) / 2;
+            cost.flops = 2.0 * double(ids.shape[0] * ids.shape[1]) * (2 * I * H + H * I);
+            break;
+        }
+        default:
+            for (const xinfer_tensor& t : op.src) cost.bytes += bytes(t);
+            for (const xinfer_tensor& t : op.dst) cost.bytes += bytes(t);
+            break;
+    }
+    return cost;
+}
+
+}  // namespace xinfer::op_cases
