@@ -18,6 +18,7 @@ struct ModelOptions {
     std::string device = "cpu";
     std::string load_format = "safetensors";  // or "dummy"
     int64_t max_cached_tokens = 0;            // 0: enough for the request at hand
+    std::string dtype = "auto";               // activations on accelerators
     void add_to(CLI::App& app);
 };
 
@@ -36,5 +37,8 @@ void add_generate_command(CLI::App& app);
 void add_logits_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_ops_test_command(CLI::App& app);
+void add_dump_command(CLI::App& app);
+void add_xray_command(CLI::App& app);
 
 }  // namespace xinfer::cli

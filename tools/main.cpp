@@ -16,6 +16,9 @@ void ModelOptions::add_to(CLI::App& app) {
         ->check(CLI::IsMember({"safetensors", "dummy"}))
         ->default_val("safetensors");
     app.add_option("--max-cached-tokens", max_cached_tokens, "KV cache capacity in tokens per layer group (0: auto)");
+    app.add_option("--dtype", dtype, "Activation dtype on accelerators: auto (the checkpoint's), float32, bfloat16")
+        ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))
+        ->default_val("auto");
 }
 
 LoadedModel load(const ModelOptions& options) {
@@ -25,6 +28,7 @@ LoadedModel load(const ModelOptions& options) {
     loaded.checkpoint = Checkpoint::open(options.model_dir, /*load_weights=*/!dummy);
     LoadOptions load_options;
     load_options.dummy = dummy;
+    load_options.dtype = options.dtype;
     loaded.model = load_model(*loaded.checkpoint, *loaded.backend, load_options);
     return loaded;
 }
@@ -57,6 +61,9 @@ int main(int argc, char** argv) {
     xinfer::cli::add_logits_command(app);
     xinfer::cli::add_info_command(app);
     xinfer::cli::add_bench_command(app);
+    xinfer::cli::add_ops_test_command(app);
+    xinfer::cli::add_dump_command(app);
+    xinfer::cli::add_xray_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -81,7 +81,8 @@ public:
     const std::string& name() const { return label_; }   // "cpu", "cuda:0"
     const xinfer_backend_api& api() const { return *api_; }
     const xinfer_device_props& props() const { return props_; }
-    // Activations: f32 on host-memory backends (the reference), bf16 on accelerators.
+    // The backend's natural activation dtype: f32 on host-memory backends (the reference),
+    // bf16 on accelerators. Models may choose otherwise (--dtype).
     DType activation_dtype() const { return props_.host_memory ? DType::f32 : DType::bf16; }
 
     // ---- memory -------------------------------------------------------------------------

@@ -8,11 +8,21 @@
 namespace xinfer {
 namespace {
 
+// Activations: f32 on host-memory backends (the oracle); on accelerators the requested dtype,
+// "auto" meaning the checkpoint's own (f16 checkpoints run in bf16: same range as training).
+DType choose_activation_dtype(const ModelConfig& config, const LoadOptions& options, const Backend& backend) {
+    if (backend.props().host_memory) return DType::f32;
+    if (options.dtype == "float32") return DType::f32;
+    if (options.dtype == "bfloat16") return DType::bf16;
+    if (options.dtype != "auto") fail("--dtype \"{}\": expected auto, float32 or bfloat16", options.dtype);
+    return config.dtype == DType::f32 ? DType::f32 : DType::bf16;
+}
+
 // Where a weight matrix lives and in which dtype: host-memory backends (the CPU oracle) keep
 // f32/bf16/f16 as stored and dequantize block-scaled FP8 to options.dequant_dtype (f32: exact);
-// accelerators compute in bf16, so every matrix is converted to bf16 at load.
-DType resident_dtype(DType stored, const LoadOptions& options, bool host_memory) {
-    if (!host_memory) return DType::bf16;
+// accelerators hold every matrix in the activation dtype.
+DType resident_dtype(DType stored, const LoadOptions& options, bool host_memory, DType activation) {
+    if (!host_memory) return activation;
     switch (stored) {
         case DType::f32:
         case DType::bf16:
@@ -24,7 +34,11 @@ DType resident_dtype(DType stored, const LoadOptions& options, bool host_memory)
 }  // namespace
 
 DecoderModel::DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend, const LoadOptions& options)
-    : options_(options), config_(std::move(config)), backend_(backend), workspace_(backend) {
+    : options_(options),
+      config_(std::move(config)),
+      backend_(backend),
+      act_dtype_(choose_activation_dtype(config_, options_, backend_)),
+      workspace_(backend) {
     load_weights(checkpoint);
 }
 
@@ -60,12 +74,12 @@ void DecoderModel::fill_dummy(const Tensor& t, bool is_norm) {
 Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::initializer_list<int64_t> shape,
                           bool keep_f32) {
     if (options_.dummy) {
-        Tensor t = allocate(keep_f32 ? DType::f32 : options_.dummy_dtype, shape);
+        Tensor t = allocate(keep_f32 ? DType::f32 : dummy_matrix_dtype(), shape);
         fill_dummy(t, name.ends_with("norm.weight"));
         return t;
     }
     const bool host_memory = backend_.props().host_memory != 0;
-    Tensor t = allocate(keep_f32 ? DType::f32 : resident_dtype(checkpoint.info(name).dtype, options_, host_memory), shape);
+    Tensor t = allocate(keep_f32 ? DType::f32 : resident_dtype(checkpoint.info(name).dtype, options_, host_memory, act_dtype_), shape);
     std::vector<uint8_t> host(t.nbytes());
     checkpoint.read(name, std::span<const int64_t>(shape.begin(), shape.size()), t.dtype, host.data());
     backend_.upload(t, host.data());
@@ -76,12 +90,12 @@ Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::
 Tensor DecoderModel::load_stacked(Checkpoint& checkpoint, const std::vector<std::string>& names,
                                   std::initializer_list<int64_t> part_shape, std::initializer_list<int64_t> shape) {
     if (options_.dummy) {
-        Tensor t = allocate(options_.dummy_dtype, shape);
+        Tensor t = allocate(dummy_matrix_dtype(), shape);
         fill_dummy(t, false);
         return t;
     }
     const bool host_memory = backend_.props().host_memory != 0;
-    Tensor t = allocate(resident_dtype(checkpoint.info(names.front()).dtype, options_, host_memory), shape);
+    Tensor t = allocate(resident_dtype(checkpoint.info(names.front()).dtype, options_, host_memory, act_dtype_), shape);
     XINFER_CHECK(t.nbytes() % names.size() == 0, "stacking {} tensors into {}", names.size(), t.shape_string());
     const size_t part_bytes = t.nbytes() / names.size();
     std::vector<uint8_t> host(t.nbytes());
@@ -204,7 +218,7 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
     const float eps = config_.rms_norm_eps;
     workspace_.reset();
     Workspace& scratch = workspace_;
-    const DType act = backend_.activation_dtype();  // f32 on the CPU oracle, bf16 on accelerators
+    const DType act = act_dtype_;
     auto tap = [&](std::string_view name, int layer, const Tensor& t) {
         if (batch.tap) batch.tap(name, layer, t);
     };

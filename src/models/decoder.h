@@ -36,6 +36,7 @@ public:
     DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend, const LoadOptions& options);
 
     const ModelConfig& config() const override { return config_; }
+    DType activation_dtype() const override { return act_dtype_; }
     void forward(const ForwardBatch& batch, const Tensor& logits) override;
     std::map<DType, uint64_t> weight_bytes() const override;
     uint64_t weight_bytes_per_decode_token() const override;
@@ -50,12 +51,14 @@ private:
     void load_experts(Checkpoint& checkpoint, const std::string& prefix, LayerWeights& weights);
     Tensor allocate(DType dtype, std::initializer_list<int64_t> shape);
     void fill_dummy(const Tensor& t, bool is_norm);
+    DType dummy_matrix_dtype() const { return backend_.props().host_memory ? options_.dummy_dtype : act_dtype_; }
 
     LoadOptions options_;
 
     ModelConfig config_;
     Backend& backend_;
     uint64_t dummy_counter_ = 0;
+    DType act_dtype_;  // activations and KV cache
     Workspace workspace_;          // activations, reused every step
     std::vector<Buffer> buffers_;  // owns every weight
     Tensor embed_tokens_;          // [vocab, hidden]

@@ -46,6 +46,7 @@ struct ModelConfig {
     bool router_bias = false;    // e_score_correction_bias present (selection only)
     RouterParams router;
     int64_t max_position_embeddings = 0;
+    DType dtype = DType::bf16;   // config.json "dtype" / "torch_dtype": the checkpoint's compute dtype
     std::vector<LayerSpec> layers;
     // Tensor-name prefixes present in checkpoints but only used by speculation (MTP heads).
     std::vector<std::string> speculative_prefixes;
@@ -88,6 +89,8 @@ class Model {
 public:
     virtual ~Model() = default;
     virtual const ModelConfig& config() const = 0;
+    // Dtype of activations and of the KV cache on the model's backend.
+    virtual DType activation_dtype() const = 0;
     // Runs the decoder over the batch, writing K/V into the caches and logits for the
     // requested rows into `logits` ([n_out, vocab] f32 on the model's backend).
     virtual void forward(const ForwardBatch& batch, const Tensor& logits) = 0;
@@ -104,6 +107,10 @@ struct LoadOptions {
     bool dummy = false;
     DType dummy_dtype = DType::bf16;  // dtype of dummy matrices (norms, sinks, routers stay f32)
     uint64_t dummy_seed = 0;
+    // Activation (and KV cache) dtype on accelerators: "auto" follows config.json's dtype
+    // (as vLLM's --dtype auto), else "float32" or "bfloat16". Host-memory backends always
+    // compute in f32: they are the reference.
+    std::string dtype = "auto";
     // On host-memory backends, FP8 block-scaled weights are dequantized at load to this dtype:
     // f32 (the default) reproduces the checkpoint's values exactly, which the oracle needs;
     // bf16 halves memory. Accelerators keep every matrix in bf16.

@@ -55,6 +55,12 @@ ModelConfig read_model_config(const Checkpoint& checkpoint) {
              fmt::join(supported_architectures(), ", "));
     ModelConfig config = it->second(cfg);
     config.architecture = architectures[0];
+    // transformers ≥ 5 writes "dtype", older versions "torch_dtype".
+    const std::string dtype = cfg.get_string("dtype", cfg.get_string("torch_dtype", "bfloat16"));
+    if (dtype == "float32") config.dtype = DType::f32;
+    else if (dtype == "bfloat16") config.dtype = DType::bf16;
+    else if (dtype == "float16") config.dtype = DType::f16;
+    else fail("{}: dtype \"{}\" is not supported (float32, bfloat16, float16)", cfg.path().string(), dtype);
     for (size_t i = 0; i < config.layers.size(); ++i) {
         const LayerSpec& l = config.layers[i];
         if (l.n_kv_heads <= 0 || l.n_q_heads % l.n_kv_heads != 0)

@@ -22,7 +22,7 @@ Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
             layer_group_[size_t(layer)] = int(g);
             LayerCache& cache = caches_[size_t(layer)];
             // The cache holds K/V in the activation dtype (f32 on the CPU oracle, bf16 on devices).
-            const DType dtype = backend.activation_dtype();
+            const DType dtype = model.activation_dtype();
             cache.k = Tensor(nullptr, dtype, {kv_.pages_per_group(), options.page_size, spec.n_kv_heads, spec.head_dim_k});
             cache.v = Tensor(nullptr, dtype, {kv_.pages_per_group(), options.page_size, spec.n_kv_heads, spec.head_dim_v});
             for (Tensor* t : {&cache.k, &cache.v}) {

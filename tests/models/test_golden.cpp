@@ -41,7 +41,11 @@ struct Loaded {
     std::unique_ptr<Model> model;
     explicit Loaded(const std::filesystem::path& dir) {
         checkpoint = Checkpoint::open(dir);
-        model = load_model(*checkpoint, *backend);
+        LoadOptions options;
+        // XINFER_TEST_DTYPE=bfloat16 forces bf16 activations on a device (default: the
+        // checkpoint's dtype, as `--dtype auto`).
+        if (const char* dtype = std::getenv("XINFER_TEST_DTYPE")) options.dtype = dtype;
+        model = load_model(*checkpoint, *backend, options);
     }
 };
 
