@@ -1,6 +1,7 @@
 #include "runtime/generate.h"
 
 #include "core/status.h"
+#include "runtime/engine_impl.h"
 #include "sample/sampler.h"
 
 #include <algorithm>
@@ -18,70 +19,42 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& options) {
     const size_t n = prompts.size();
-    const int64_t vocab = runner.model().config().vocab_size;
     GenerateResult result;
     result.tokens.resize(n);
-    std::vector<Sampler> samplers;
+    if (n == 0 || options.max_tokens <= 0) return result;
+    // One engine over the caller's runner: every prompt is admitted at once (max_num_seqs = n);
+    // prefill_chunk bounds the tokens of a step (0: all prompts in one step).
+    SchedulerOptions scheduler;
+    scheduler.max_num_seqs = int(n);
+    int64_t all_prompts = 0;
+    for (const std::vector<int32_t>& p : prompts) all_prompts += int64_t(p.size());
+    scheduler.max_num_batched_tokens = options.prefill_chunk > 0 ? options.prefill_chunk : std::max<int64_t>(all_prompts, 1);
+    std::unique_ptr<Engine> engine = make_engine(runner, scheduler);
+    std::vector<uint64_t> ids;
     for (size_t i = 0; i < n; ++i) {
         XINFER_CHECK(!prompts[i].empty(), "prompt {} is empty", i);
         SamplingParams params = options.sampling;
         params.seed += i;
-        samplers.emplace_back(params);
+        ids.push_back(engine->submit(prompts[i], params, options.max_tokens, options.stop_ids));
     }
-
-    // Prefill: every prompt advances by up to prefill_chunk tokens per step; a prompt's first
-    // token is sampled from the step that consumes its last prompt token.
+    // Prefill ends with the step that samples a sequence's first token; decode steps follow.
     auto start = std::chrono::steady_clock::now();
-    std::vector<int64_t> done(n, 0);
-    std::vector<int32_t> next(n, -1);
-    while (true) {
-        std::vector<SequenceChunk> chunks;
-        std::vector<size_t> owners;
-        for (size_t i = 0; i < n; ++i) {
-            const int64_t left = int64_t(prompts[i].size()) - done[i];
-            if (left == 0) continue;
-            const int64_t take = options.prefill_chunk > 0 ? std::min(left, options.prefill_chunk) : left;
-            chunks.push_back({int(i), done[i], std::span(prompts[i]).subspan(size_t(done[i]), size_t(take)), false});
-            owners.push_back(i);
+    bool decoding = false;
+    size_t first_tokens = 0;
+    while (engine->has_work()) {
+        for (const RequestOutput& out : engine->step()) {
+            const size_t i = size_t(std::find(ids.begin(), ids.end(), out.id) - ids.begin());
+            if (out.generated_tokens == int64_t(out.new_tokens.size())) ++first_tokens;
+            result.tokens[i].insert(result.tokens[i].end(), out.new_tokens.begin(), out.new_tokens.end());
         }
-        if (chunks.empty()) break;
-        std::vector<float> logits = runner.step(chunks);
-        for (size_t c = 0; c < chunks.size(); ++c) {
-            const size_t i = owners[c];
-            done[i] += int64_t(chunks[c].tokens.size());
-            if (done[i] == int64_t(prompts[i].size()))
-                next[i] = samplers[i].sample(std::span(logits).subspan(c * size_t(vocab), size_t(vocab)));
+        if (decoding) ++result.decode_steps;
+        if (!decoding && first_tokens == n) {
+            result.prefill_seconds = seconds_since(start);
+            start = std::chrono::steady_clock::now();
+            decoding = true;
         }
     }
-    result.prefill_seconds = seconds_since(start);
-
-    // Decode: feed each unfinished sequence its last sampled token.
-    start = std::chrono::steady_clock::now();
-    std::vector<bool> finished(n, options.max_tokens <= 0);
-    auto accept = [&](size_t i, int32_t token) {
-        result.tokens[i].push_back(token);
-        const bool stop = std::find(options.stop_ids.begin(), options.stop_ids.end(), token) != options.stop_ids.end();
-        if (stop || int(result.tokens[i].size()) >= options.max_tokens) finished[i] = true;
-    };
-    for (size_t i = 0; i < n; ++i)
-        if (!finished[i]) accept(i, next[i]);
-    while (true) {
-        std::vector<SequenceChunk> chunks;
-        std::vector<size_t> owners;
-        for (size_t i = 0; i < n; ++i) {
-            if (finished[i]) continue;
-            const int64_t position = int64_t(prompts[i].size() + result.tokens[i].size()) - 1;
-            chunks.push_back({int(i), position, std::span(result.tokens[i]).last(1), false});
-            owners.push_back(i);
-        }
-        if (chunks.empty()) break;
-        std::vector<float> logits = runner.step(chunks);
-        ++result.decode_steps;
-        for (size_t c = 0; c < chunks.size(); ++c)
-            accept(owners[c], samplers[owners[c]].sample(std::span(logits).subspan(c * size_t(vocab), size_t(vocab))));
-    }
-    result.decode_seconds = seconds_since(start);
-    for (size_t i = 0; i < n; ++i) runner.release(int(i));
+    result.decode_seconds = decoding ? seconds_since(start) : 0;
     return result;
 }
 

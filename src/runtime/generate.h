@@ -1,6 +1,6 @@
-// Batch generation on top of the Runner: (chunked) prefill of every prompt, then decode steps
-// for all unfinished sequences together. The serving engine with a scheduler replaces this
-// loop for online use; the CLI and the model tests use it directly.
+// Batch generation over a Runner: a thin wrapper that runs every prompt through an Engine (the
+// scheduler's continuous batching, chunked prefill and paged KV) until all finish; the golden
+// tests use it as the equivalence oracle. prompt_logits() drives the Runner directly.
 #pragma once
 
 #include "runtime/runner.h"

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "sample/sampler.h"
+#include "xinfer/engine.h"
 #include "xinfer/sampling_params.h"
 
 #include <chrono>
@@ -30,6 +31,8 @@ struct Request {
     int n_preemptions = 0;
     FinishReason finish = FinishReason::none;
     Sampler sampler;
+
+    StreamCallback callback;  // may be empty
 
     std::chrono::steady_clock::time_point arrival, first_token, last_token;
 

@@ -5,44 +5,77 @@
 #include <algorithm>
 
 namespace xinfer {
+namespace {
 
-Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
-    : model_(model),
-      backend_(backend),
-      groups_(kv_groups_for(model.config())),
-      workspace_(backend),
-      kv_(int(groups_.size()), options.page_size,
-          (options.max_cached_tokens + options.page_size - 1) / options.page_size) {
+KvCacheManager make_manager(const Model& model, const RunnerOptions& options) {
     const ModelConfig& config = model.config();
-    caches_.resize(config.layers.size());
-    layer_group_.resize(config.layers.size());
-    for (size_t g = 0; g < groups_.size(); ++g) {
-        const KvGroupSpec& spec = groups_[g];
-        for (int layer : spec.layers) {
-            layer_group_[size_t(layer)] = int(g);
-            LayerCache& cache = caches_[size_t(layer)];
-            // The cache holds K/V in the activation dtype (f32 on the CPU oracle, bf16 on devices).
-            const DType dtype = model.activation_dtype();
-            cache.k = Tensor(nullptr, dtype, {kv_.pages_per_group(), options.page_size, spec.n_kv_heads, spec.head_dim_k});
-            cache.v = Tensor(nullptr, dtype, {kv_.pages_per_group(), options.page_size, spec.n_kv_heads, spec.head_dim_v});
-            for (Tensor* t : {&cache.k, &cache.v}) {
-                cache_buffers_.push_back(backend.alloc(t->nbytes()));
-                t->data = cache_buffers_.back().data();
-            }
-        }
+    const DType dtype = resolve_kv_cache_dtype(options.kv_cache_dtype, model.activation_dtype());
+    KvLayout layout = make_kv_layout(kv_group_shapes(config), dtype, options.page_size);
+    int64_t n_pages = options.n_pages;
+    if (n_pages <= 0) {
+        XINFER_CHECK(options.max_cached_tokens > 0, "RunnerOptions: max_cached_tokens {} or n_pages {} must be positive",
+                     options.max_cached_tokens, options.n_pages);
+        for (size_t g = 0; g < layout.groups.size(); ++g) n_pages += layout.pages_for(int(g), options.max_cached_tokens);
     }
+    return KvCacheManager(std::move(layout), n_pages, options.enable_prefix_caching);
 }
 
-std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const TapFn& tap) {
+}  // namespace
+
+std::vector<KvGroupShape> kv_group_shapes(const ModelConfig& config) {
+    std::vector<KvGroupShape> shapes;
+    for (const KvGroupSpec& spec : kv_groups_for(config))
+        shapes.push_back({spec.kind == AttentionKind::sliding, spec.window, spec.n_kv_heads, spec.head_dim_k,
+                          spec.head_dim_v, spec.layers});
+    return shapes;
+}
+
+DType resolve_kv_cache_dtype(const std::string& name, DType activation) {
+    if (name == "auto" || name.empty()) return activation;
+    if (name == "float32" || name == "f32") return DType::f32;
+    if (name == "bfloat16" || name == "bf16") return DType::bf16;
+    if (name == "fp8" || name == "fp8_e4m3" || name == "f8_e4m3")
+        fail("--kv-cache-dtype {}: FP8 KV caches are not supported yet (no backend implements fp8 kv_store/attention); "
+             "use auto, float32 or bfloat16",
+             name);
+    fail("--kv-cache-dtype {}: unknown (expected auto, float32, bfloat16 or fp8)", name);
+}
+
+Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
+    : model_(model), backend_(backend), workspace_(backend), kv_(make_manager(model, options)) {
+    const KvLayout& layout = kv_.layout();
+    pool_ = backend.alloc(size_t(kv_.n_pages() * layout.page_bytes));
+    const size_t n_layers = model.config().layers.size();
+    caches_.resize(n_layers);
+    layer_group_.assign(n_layers, -1);
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+        const KvGroupLayout& group = layout.groups[g];
+        for (size_t i = 0; i < group.layers.size(); ++i) {
+            const size_t layer = size_t(group.layers[i]);
+            layer_group_[layer] = int(g);
+            // Layer i's K of page p starts at pool + p·page_elements + k_offset[i] (elements):
+            // the view points at page 0 and AttentionBatch::page_stride steps between pages.
+            char* base = static_cast<char*>(pool_.data());
+            const int64_t element = int64_t(dtype_size(layout.dtype));
+            caches_[layer].k = Tensor(base + group.k_offset[i] * element, layout.dtype,
+                                      {kv_.n_pages(), group.tokens_per_page, group.n_kv_heads, group.head_dim_k});
+            caches_[layer].v = Tensor(base + group.v_offset[i] * element, layout.dtype,
+                                      {kv_.n_pages(), group.tokens_per_page, group.n_kv_heads, group.head_dim_v});
+        }
+    }
+    for (size_t layer = 0; layer < n_layers; ++layer)
+        XINFER_CHECK(layer_group_[layer] >= 0, "layer {} belongs to no KV group", layer);
+}
+
+std::vector<float> Runner::forward(std::span<const SequenceChunk> chunks, const TapFn& tap) {
     XINFER_CHECK(!chunks.empty(), "empty step");
-    const int page_size = kv_.page_size();
+    const KvLayout& layout = kv_.layout();
     std::vector<int32_t> token_ids, positions, cu_q_lens{0}, kv_lens, logit_rows;
     for (const SequenceChunk& chunk : chunks) {
         XINFER_CHECK(!chunk.tokens.empty(), "sequence {} has no new tokens", chunk.seq);
         const int64_t kv_len = chunk.start_position + int64_t(chunk.tokens.size());
-        if (!kv_.reserve(chunk.seq, kv_len))
-            fail("KV cache full: sequence {} needs {} tokens; {} free pages of {} tokens in the first group", chunk.seq,
-                 kv_len, kv_.free_pages(0), page_size);
+        XINFER_CHECK(kv_.allocated_tokens(chunk.seq) >= kv_len, "sequence {} has {} tokens allocated, needs {}",
+                     chunk.seq, kv_.allocated_tokens(chunk.seq), kv_len);
         const int32_t first_row = int32_t(token_ids.size());
         for (size_t i = 0; i < chunk.tokens.size(); ++i) {
             token_ids.push_back(chunk.tokens[i]);
@@ -58,7 +91,7 @@ std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const Tap
     // the host vectors are kept until the step's synchronize.
     workspace_.reset();
     std::vector<std::vector<int32_t>> host_metadata;
-    host_metadata.reserve(4 + 2 * groups_.size());
+    host_metadata.reserve(5 + 2 * layout.groups.size());
     auto upload = [&](std::vector<int32_t> host, std::initializer_list<int64_t> dims) {
         Tensor t = workspace_.make(DType::i32, dims);
         host_metadata.push_back(std::move(host));
@@ -74,16 +107,21 @@ std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const Tap
     batch.logit_rows = upload(logit_rows, {n_out});
     Tensor cu = upload(cu_q_lens, {n_seqs + 1});
     Tensor lens = upload(kv_lens, {n_seqs});
-    for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+        const int64_t per_page = layout.groups[g].tokens_per_page;
         size_t max_pages = 1;
-        for (const SequenceChunk& chunk : chunks) max_pages = std::max(max_pages, kv_.pages(chunk.seq, int(g)).size());
+        for (const SequenceChunk& chunk : chunks) max_pages = std::max(max_pages, kv_.page_table(chunk.seq, int(g)).size());
         std::vector<int32_t> table(size_t(n_seqs) * max_pages, -1), slots;
+        slots.reserve(size_t(n_tokens));
         for (size_t s = 0; s < chunks.size(); ++s) {
-            const std::vector<int32_t>& pages = kv_.pages(chunks[s].seq, int(g));
+            const std::vector<int32_t>& pages = kv_.page_table(chunks[s].seq, int(g));
             std::copy(pages.begin(), pages.end(), table.begin() + long(s * max_pages));
             for (size_t i = 0; i < chunks[s].tokens.size(); ++i) {
                 const int64_t pos = chunks[s].start_position + int64_t(i);
-                slots.push_back(pages[size_t(pos / page_size)] * page_size + int32_t(pos % page_size));
+                const int32_t page = pages[size_t(pos / per_page)];
+                XINFER_CHECK(page >= 0, "sequence {} group {}: position {} lies on a released page", chunks[s].seq, g,
+                             pos);
+                slots.push_back(int32_t(page * per_page + pos % per_page));
             }
         }
         AttentionBatch group;
@@ -94,6 +132,7 @@ std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const Tap
         group.positions = batch.positions;
         group.page_table = upload(table, {n_seqs, int64_t(max_pages)});
         group.slot_mapping = upload(slots, {n_tokens});
+        group.page_stride = layout.page_elements();
         batch.groups.push_back(group);
     }
     batch.layer_group = layer_group_;
@@ -107,6 +146,31 @@ std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const Tap
     backend_.download(logits, host.data());
     backend_.synchronize();
     return host;
+}
+
+std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const TapFn& tap) {
+    for (const SequenceChunk& chunk : chunks) {
+        std::vector<int32_t>& tokens = step_tokens_[chunk.seq];
+        if (!kv_.has_sequence(chunk.seq)) kv_.add_sequence(chunk.seq, {});
+        XINFER_CHECK(chunk.start_position == int64_t(tokens.size()),
+                     "sequence {}: chunk starts at {} but {} tokens are cached", chunk.seq, chunk.start_position,
+                     tokens.size());
+        tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+        if (!kv_.allocate(chunk.seq, int64_t(tokens.size())))
+            fail("KV cache full: sequence {} needs {} pages for {} tokens; {} of {} pages free", chunk.seq,
+                 kv_.pages_needed(chunk.seq, int64_t(tokens.size())), tokens.size(), kv_.free_pages(), kv_.n_pages());
+    }
+    std::vector<float> logits = forward(chunks, tap);
+    for (const SequenceChunk& chunk : chunks) {
+        const std::vector<int32_t>& tokens = step_tokens_[chunk.seq];
+        kv_.commit(chunk.seq, tokens, int64_t(tokens.size()));
+    }
+    return logits;
+}
+
+void Runner::release(int seq) {
+    if (kv_.has_sequence(seq)) kv_.free_sequence(seq);
+    step_tokens_.erase(seq);
 }
 
 }  // namespace xinfer

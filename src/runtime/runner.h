@@ -1,51 +1,81 @@
-// Runner: owns the KV cache memory of a model and turns "these sequences get these new
-// tokens" into one ForwardBatch (positions, slot mapping, per-group page tables) and one
-// forward pass.
+// Runner: owns the KV pool of a model — ONE buffer of n_pages × layout.page_bytes, shared by
+// every layer group (src/kv/kv_layout.h) — with its KvCacheManager, and turns "these sequences
+// get these new tokens" into one ForwardBatch (positions, slot mapping, per-group page tables
+// from the manager) and one forward pass.
+//
+// Two ways to drive it:
+//  - forward(): the caller (the Scheduler) has already allocated every chunk's pages in kv()
+//    and commits them after the step;
+//  - step(): standalone use (prompt_logits, xray, tools): allocates, runs and commits itself,
+//    remembering each sequence's tokens until release().
+// Not thread-safe: one owner drives it.
 #pragma once
 
 #include "backend/workspace.h"
-#include "kv/kv_manager.h"
+#include "kv/kv_cache_manager.h"
 #include "models/model.h"
 
 #include <span>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace xinfer {
 
 // New tokens for one sequence in one step.
 struct SequenceChunk {
-    int seq = 0;                     // caller-chosen id, stable across steps
-    int64_t start_position = 0;      // tokens of this sequence already in the cache
-    std::span<const int32_t> tokens; // appended at positions start_position...
-    bool all_logits = false;         // logits for every token, else only for the last
+    int seq = 0;                      // caller-chosen id, stable across steps
+    int64_t start_position = 0;       // tokens of this sequence already in the cache
+    std::span<const int32_t> tokens;  // appended at positions start_position...
+    bool all_logits = false;          // logits for every token, else only for the last
 };
 
 struct RunnerOptions {
-    int page_size = 16;                // tokens per KV page
-    int64_t max_cached_tokens = 8192;  // per layer group, over all sequences
+    // Minimum tokens per page of the group with the most bytes per token (make_kv_layout's
+    // min_tokens_per_page); other groups get proportionally more tokens per page.
+    int page_size = 16;
+    // Pool size: n_pages if > 0, else enough pages for max_cached_tokens tokens in every group.
+    int64_t max_cached_tokens = 8192;
+    int64_t n_pages = 0;
+    // "auto" (the model's activation dtype), "float32", "bfloat16"; fp8 is refused (no backend
+    // implements fp8 caches yet).
+    std::string kv_cache_dtype = "auto";
+    bool enable_prefix_caching = false;
 };
+
+// The model's layer groups as make_kv_layout shapes (same order as kv_groups_for()).
+std::vector<KvGroupShape> kv_group_shapes(const ModelConfig& config);
+// "auto" → activation; "float32"/"bfloat16" (and f32/bf16) → that dtype; fp8 → clear error.
+DType resolve_kv_cache_dtype(const std::string& name, DType activation);
 
 class Runner {
 public:
     Runner(Model& model, Backend& backend, RunnerOptions options);
 
-    // One forward pass over all chunks. Returns host logits [n_out, vocab], rows in chunk
-    // order (every token of an all_logits chunk, else its last token). Throws if the KV cache
-    // cannot hold the sequences.
+    // One forward pass over chunks whose pages are allocated in kv(). Returns host logits
+    // [n_out, vocab], rows in chunk order (every token of an all_logits chunk, else its last).
+    std::vector<float> forward(std::span<const SequenceChunk> chunks, const TapFn& tap = {});
+    // Standalone: allocates the chunks' pages (throws if the pool is short), runs forward and
+    // commits the tokens.
     std::vector<float> step(std::span<const SequenceChunk> chunks, const TapFn& tap = {});
-    void release(int seq) { kv_.release(seq); }
-    const KvManager& kv() const { return kv_; }
+    void release(int seq);  // frees a sequence of step() (no-op if unknown)
+
+    KvCacheManager& kv() { return kv_; }
+    const KvCacheManager& kv() const { return kv_; }
+    const KvLayout& layout() const { return kv_.layout(); }
     Model& model() { return model_; }
+    Backend& backend() { return backend_; }
+    size_t pool_bytes() const { return pool_.bytes(); }
 
 private:
     Model& model_;
     Backend& backend_;
-    std::vector<KvGroupSpec> groups_;
     Workspace workspace_;  // step metadata and logits
-    KvManager kv_;
-    std::vector<Buffer> cache_buffers_;
-    std::vector<LayerCache> caches_;  // [n_layers]
+    KvCacheManager kv_;
+    Buffer pool_;                     // [n_pages, page_bytes]
+    std::vector<LayerCache> caches_;  // [n_layers] views into pool_
     std::vector<int> layer_group_;    // [n_layers]
+    std::unordered_map<int, std::vector<int32_t>> step_tokens_;  // step() sequences' tokens so far
 };
 
 }  // namespace xinfer

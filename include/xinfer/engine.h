@@ -1,0 +1,97 @@
+// The serving engine's public C++ API: submit token-id requests with sampling parameters,
+// step the engine, receive streamed tokens. Used by the CLI, the benchmarks and (later) the
+// server. The path of a request (DESIGN.md): submit → Scheduler (continuous batching, chunked
+// prefill, FCFS, preemption by recompute) → KV pages → one forward per step → sampler → callback.
+//
+// Threading: submit() and abort() may be called from any thread. step() is called by one
+// thread at a time (the engine loop); callbacks run on the thread that calls step() (or
+// abort(), for the abort event) while the engine holds its lock: they must not call back into
+// the engine. Memory: create() plans memory from config.json first (as `xinfer plan`) and
+// refuses to start, before loading any weight, when the plan does not fit.
+#pragma once
+
+#include "xinfer/sampling_params.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace xinfer {
+
+struct EngineOptions {
+    std::string model_dir;
+    std::string device = "cpu";
+    std::string load_format = "safetensors";  // or "dummy"
+    std::string dtype = "auto";               // activations on accelerators: auto, float32, bfloat16
+    int max_num_seqs = 64;
+    int64_t max_num_batched_tokens = 2048;
+    int64_t max_model_len = 0;  // 0: config's max_position_embeddings
+    std::string kv_cache_dtype = "auto";
+    double gpu_memory_utilization = 0.9;
+    uint64_t device_memory = 0;    // bytes; 0: the backend's total memory
+    int64_t kv_cache_memory = 0;   // bytes of KV pool; 0: whatever the plan leaves (host-memory backends: ≤ 4 GiB)
+    int64_t kv_cache_tokens = 0;   // > 0: pool holds this many tokens per layer group (overrides kv_cache_memory)
+    int min_tokens_per_page = 16;
+    bool enable_prefix_caching = false;
+    std::string speculative_config;  // reserved in the plan only (see `xinfer plan`)
+};
+
+// One request's news from a step: tokens sampled this step and, when finished, why.
+struct RequestOutput {
+    uint64_t id = 0;
+    std::vector<int32_t> new_tokens;
+    bool finished = false;
+    std::string finish_reason;  // "stop", "length", "abort" when finished
+    int64_t prompt_tokens = 0;
+    int64_t cached_prompt_tokens = 0;  // prompt tokens served by the prefix cache at first admission
+    int64_t generated_tokens = 0;      // so far
+    int preemptions = 0;
+    double time_to_first_token_s = -1;  // since submit; -1 before the first token
+    double elapsed_s = 0;               // since submit
+};
+
+using StreamCallback = std::function<void(const RequestOutput&)>;
+
+struct EngineStats {
+    int64_t steps = 0;
+    int64_t preemptions = 0;
+    int64_t prefix_query_tokens = 0;
+    int64_t prefix_hit_tokens = 0;
+    int64_t running = 0;
+    int64_t waiting = 0;
+    int64_t kv_pages_total = 0;
+    int64_t kv_pages_free = 0;  // free or evictable
+    int64_t max_model_len = 0;
+};
+
+class Engine {
+public:
+    // Plans memory, loads the model, allocates the KV pool. Throws with the plan's verdict when
+    // the configuration does not fit.
+    static std::unique_ptr<Engine> create(const EngineOptions& options);
+    ~Engine();
+
+    // Queues a request; returns its id (> 0). Throws for an empty prompt, or one that leaves no
+    // room for a generated token within max_model_len. stop_ids end generation after emitting one.
+    uint64_t submit(std::vector<int32_t> prompt, const SamplingParams& sampling, int max_tokens,
+                    std::vector<int32_t> stop_ids = {}, StreamCallback callback = {});
+    // Ends a request wherever it is and frees all its KV pages at once. False if unknown/finished.
+    bool abort(uint64_t id);
+    // One scheduler step: schedule → one forward → sample → complete. Returns every request's
+    // news (also passed to its callback); empty when there was nothing to do.
+    std::vector<RequestOutput> step();
+    bool has_work() const;
+    EngineStats stats() const;
+    // The memory plan the engine started from (`xinfer plan`'s text).
+    const std::string& plan_report() const;
+
+    struct Impl;
+    explicit Engine(std::unique_ptr<Impl> impl);
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace xinfer

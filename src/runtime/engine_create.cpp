@@ -1,0 +1,94 @@
+// Engine::create: options → memory plan (refuse early) → model → KV pool → engine.
+#include "core/status.h"
+#include "runtime/engine_impl.h"
+#include "runtime/memory_plan.h"
+
+#include <fmt/core.h>
+
+namespace xinfer {
+namespace {
+
+// Host-memory backends report all of RAM; their KV pool defaults to this (as vLLM's CPU
+// backend's VLLM_CPU_KVCACHE_SPACE) rather than 90% of the machine.
+constexpr int64_t kHostKvDefaultBytes = int64_t(4) << 30;
+
+// The dtypes the decoder will choose (src/models/decoder.cpp), known before loading.
+DType planned_activation_dtype(const ModelConfig& config, const EngineOptions& options, bool host_memory) {
+    if (host_memory) return DType::f32;
+    if (options.dtype == "float32") return DType::f32;
+    if (options.dtype == "bfloat16") return DType::bf16;
+    return config.dtype == DType::f32 ? DType::f32 : DType::bf16;
+}
+
+DType planned_weight_dtype(const ModelConfig& config, const EngineOptions& options, bool host_memory, bool fp8,
+                           DType activation) {
+    if (!host_memory) return activation;
+    if (options.load_format == "dummy") return DType::bf16;
+    return fp8 ? DType::f32 : config.dtype;
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
+    auto backend = make_backend(options.device);
+    const bool dummy = options.load_format == "dummy";
+    if (!dummy && options.load_format != "safetensors")
+        fail("load format \"{}\": expected safetensors or dummy", options.load_format);
+    auto checkpoint = Checkpoint::open(options.model_dir, /*load_weights=*/!dummy);
+    const ModelConfig config = read_model_config(*checkpoint);
+    const bool host = backend->props().host_memory != 0;
+
+    PlanOptions plan_options;
+    plan_options.device_memory = options.device_memory ? options.device_memory : backend->props().total_memory;
+    plan_options.gpu_memory_utilization = options.gpu_memory_utilization;
+    plan_options.max_model_len = options.max_model_len;
+    plan_options.max_num_seqs = options.max_num_seqs;
+    plan_options.max_num_batched_tokens = options.max_num_batched_tokens;
+    plan_options.activation_dtype = planned_activation_dtype(config, options, host);
+    plan_options.weight_dtype = planned_weight_dtype(config, options, host, checkpoint->fp8().enabled,
+                                                     plan_options.activation_dtype);
+    plan_options.kv_dtype = resolve_kv_cache_dtype(options.kv_cache_dtype, plan_options.activation_dtype);
+    plan_options.speculative_config = options.speculative_config;
+    plan_options.min_tokens_per_page = options.min_tokens_per_page;
+    plan_options.kv_cache_memory = options.kv_cache_memory;
+    if (options.kv_cache_tokens > 0) {
+        const KvLayout layout =
+            make_kv_layout(kv_group_shapes(config), plan_options.kv_dtype, options.min_tokens_per_page);
+        int64_t pages = 0;
+        for (size_t g = 0; g < layout.groups.size(); ++g) pages += layout.pages_for(int(g), options.kv_cache_tokens);
+        plan_options.kv_cache_memory = pages * layout.page_bytes;
+    }
+    MemoryPlan plan = plan_memory(config, plan_options);
+    if (host && plan_options.kv_cache_memory == 0 && plan.kv_bytes > kHostKvDefaultBytes) {
+        plan_options.kv_cache_memory = kHostKvDefaultBytes;
+        plan = plan_memory(config, plan_options);
+    }
+    if (!plan.fits)
+        fail("the configuration does not fit {} (nothing was loaded):\n{}", backend->name(), plan.report());
+
+    LoadOptions load_options;
+    load_options.dummy = dummy;
+    load_options.dtype = options.dtype;
+    auto model = load_model(*checkpoint, *backend, load_options);
+
+    RunnerOptions runner_options;
+    runner_options.page_size = options.min_tokens_per_page;
+    runner_options.n_pages = plan.n_pages;
+    runner_options.kv_cache_dtype = options.kv_cache_dtype;
+    runner_options.enable_prefix_caching = options.enable_prefix_caching;
+    auto runner = std::make_unique<Runner>(*model, *backend, runner_options);
+
+    SchedulerOptions scheduler_options;
+    scheduler_options.max_num_seqs = options.max_num_seqs;
+    scheduler_options.max_num_batched_tokens = options.max_num_batched_tokens;
+    scheduler_options.max_model_len = plan.max_model_len;
+    auto impl = std::make_unique<Impl>(*runner, scheduler_options);
+    impl->backend = std::move(backend);
+    impl->checkpoint = std::move(checkpoint);
+    impl->model = std::move(model);
+    impl->owned_runner = std::move(runner);
+    impl->plan_report = plan.report();
+    return std::make_unique<Engine>(std::move(impl));
+}
+
+}  // namespace xinfer

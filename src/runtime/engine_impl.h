@@ -1,0 +1,44 @@
+// Engine internals shared by engine.cpp (the step loop), engine_create.cpp (options → plan →
+// model → engine) and in-tree users that already hold a Runner (generate(), tests).
+#pragma once
+
+#include "runtime/runner.h"
+#include "runtime/scheduler.h"
+#include "xinfer/engine.h"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace xinfer {
+
+struct Engine::Impl {
+    // Owned parts when created from EngineOptions (destroyed in reverse: runner, model, backend).
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Checkpoint> checkpoint;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Runner> owned_runner;
+
+    Runner* runner = nullptr;
+    SchedulerOptions scheduler_options;
+    std::unique_ptr<Scheduler> scheduler;
+    std::string plan_report;
+
+    mutable std::mutex mutex;  // scheduler, runner, pending, steps: held by step() and abort()
+    std::vector<RequestOutput> pending;  // abort events, returned by the next step()
+    int64_t steps = 0;
+
+    mutable std::mutex inbox_mutex;  // submit() only takes this one, so it never waits for a step
+    std::vector<std::unique_ptr<Request>> inbox;
+    std::atomic<uint64_t> next_id{1};
+
+    Impl(Runner& runner, SchedulerOptions options);
+    void drain_inbox();  // with `mutex` held
+};
+
+// An engine over a Runner the caller owns (it must outlive the engine). max_model_len 0: the
+// longest sequence the runner's pool holds alone; larger than that is an error.
+std::unique_ptr<Engine> make_engine(Runner& runner, SchedulerOptions options);
+
+}  // namespace xinfer
