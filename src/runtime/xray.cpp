@@ -175,7 +175,9 @@ ActivationSet capture(Model& model, Backend& backend, std::span<const int32_t> p
     XINFER_CHECK(!prompt.empty(), "xray needs a non-empty prompt");
     ActivationSet set;
     set.source = backend.name();
-    set.compute_dtype = backend.activation_dtype();
+    // Device backends count as bf16 even when the activations are f32: their matmuls and
+    // attention run on bf16 tensor cores (plugins/cuda/README.md). The CPU oracle is f32.
+    set.compute_dtype = backend.props().host_memory ? DType::f32 : DType::bf16;
     set.metadata["device"] = backend.name();
     set.metadata["prompt_ids"] = fmt::format("{}", fmt::join(prompt, ","));
     RunnerOptions runner_options;
@@ -347,6 +349,9 @@ Report compare(const ActivationSet& a, const ActivationSet& b, const CompareOpti
     std::sort(report.diffs.begin(), report.diffs.end(), [](const TensorDiff& x, const TensorDiff& y) {
         return forward_order_key(x.full_name) < forward_order_key(y.full_name);
     });
+    for (std::vector<std::string>* names : {&report.only_a, &report.only_b})
+        std::sort(names->begin(), names->end(),
+                  [](const std::string& x, const std::string& y) { return forward_order_key(x) < forward_order_key(y); });
 
     // The router rule (xray.h): expert choices that flipped without moving the layer's output
     // beyond tolerance are excused, with the expert weights that went with them.
@@ -414,10 +419,16 @@ std::string format_report(const Report& report) {
     table("relative error (integer tensors: mismatching elements / total)", false);
     table("NMSE", true);
     global_rows(after);
-    if (!report.only_a.empty())
-        out += fmt::format("only in a ({}): {}\n", report.only_a.size(), fmt::join(report.only_a, ", "));
-    if (!report.only_b.empty())
-        out += fmt::format("only in b ({}): {}\n", report.only_b.size(), fmt::join(report.only_b, ", "));
+    // One side often holds far more names than the other (a reference with hidden states only).
+    auto only = [&](const char* side, const std::vector<std::string>& names) {
+        if (names.empty()) return;
+        constexpr size_t kShown = 8;
+        const std::vector<std::string> shown(names.begin(), names.begin() + long(std::min(names.size(), kShown)));
+        out += fmt::format("only in {} ({}, not compared): {}{}\n", side, names.size(), fmt::join(shown, ", "),
+                           names.size() > kShown ? ", ..." : "");
+    };
+    only("a", report.only_a);
+    only("b", report.only_b);
     for (const TensorDiff& d : report.diffs)
         if (d.excused)
             out += fmt::format("excused: {}: {} (ffn_output of layer {} within threshold)\n", where(d), why(d), d.layer);

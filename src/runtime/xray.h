@@ -60,7 +60,7 @@ struct Activation {
 // Everything captured from one side.
 struct ActivationSet {
     std::string source;                        // "cpu", "cuda:0", or dump file path(s)
-    DType compute_dtype = DType::f32;          // activation precision of the run that made it
+    DType compute_dtype = DType::f32;          // precision of the run that made it (bf16 for devices)
     std::map<std::string, std::string> metadata;  // e.g. model, prompt_ids, device
     std::map<std::string, Activation> tensors;    // by full name
 };
@@ -77,7 +77,9 @@ struct CaptureOptions {
 TapFn make_recorder(Backend& backend, ActivationSet& out, const CaptureOptions& options = {});
 
 // Runs `prompt` through `model` as one prefill (logits for every position) with a recorder
-// tap and returns what it captured; compute_dtype is the backend's activation dtype.
+// tap and returns what it captured; compute_dtype is f32 on host-memory backends (the CPU
+// oracle) and bf16 on accelerators, whose products run on bf16 tensor cores whatever the
+// activation dtype.
 ActivationSet capture(Model& model, Backend& backend, std::span<const int32_t> prompt,
                       const CaptureOptions& options = {});
 
