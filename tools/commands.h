@@ -40,5 +40,6 @@ void add_bench_command(CLI::App& app);
 void add_ops_test_command(CLI::App& app);
 void add_dump_command(CLI::App& app);
 void add_xray_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 
 }  // namespace xinfer::cli

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
     xinfer::cli::add_ops_test_command(app);
     xinfer::cli::add_dump_command(app);
     xinfer::cli::add_xray_command(app);
+    xinfer::cli::add_plan_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

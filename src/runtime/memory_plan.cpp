@@ -270,7 +270,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const PlanOptions& options) {
     };
     // Full-group pages left once max_num_seqs windows are reserved, as tokens.
     const int64_t free_for_full = plan.n_pages - int64_t(S) * plan.sliding_pages_per_seq;
-    plan.capacity_tokens = largest(0, int64_t(1) << 40, [&](int64_t n) {
+    plan.capacity_tokens = free_for_full < 0 ? 0 : largest(0, int64_t(1) << 40, [&](int64_t n) {
         int64_t pages = 0;
         for (size_t g = 0; g < layout.groups.size(); ++g)
             if (!layout.groups[g].sliding) pages += layout.pages_for(int(g), n);

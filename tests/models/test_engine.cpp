@@ -1,0 +1,229 @@
+// Serving-core equivalences on the golden fixtures (CPU, greedy): the Engine's batching,
+// chunked prefill, prefix cache and preemption must not change a single token, and no request
+// is ever dropped or leaks a KV page.
+#include "fixture.h"
+#include "runtime/engine_impl.h"
+#include "runtime/generate.h"
+#include "runtime/memory_plan.h"
+
+#include <map>
+#include <random>
+
+namespace xinfer::test {
+namespace {
+
+struct Loaded {
+    std::unique_ptr<Backend> backend = make_backend("cpu");
+    std::unique_ptr<Checkpoint> checkpoint;
+    std::unique_ptr<Model> model;
+    explicit Loaded(const std::filesystem::path& dir) {
+        checkpoint = Checkpoint::open(dir);
+        model = load_model(*checkpoint, *backend);
+    }
+};
+
+RunnerOptions pool(int64_t n_pages, bool prefix_caching = false) {
+    RunnerOptions options;
+    options.page_size = 4;  // small pages: sequences span many, windows end mid-page
+    options.n_pages = n_pages;
+    options.enable_prefix_caching = prefix_caching;
+    return options;
+}
+
+// Runs every prompt to completion through one engine; returns generated tokens per prompt.
+std::vector<std::vector<int32_t>> run_all(Runner& runner, const std::vector<std::vector<int32_t>>& prompts,
+                                          SchedulerOptions options, int max_tokens, EngineStats* stats = nullptr) {
+    std::unique_ptr<Engine> engine = make_engine(runner, options);
+    std::map<uint64_t, size_t> index;
+    for (size_t i = 0; i < prompts.size(); ++i) index[engine->submit(prompts[i], {}, max_tokens)] = i;
+    std::vector<std::vector<int32_t>> tokens(prompts.size());
+    size_t finished = 0;
+    while (engine->has_work()) {
+        for (const RequestOutput& out : engine->step()) {
+            auto& t = tokens[index.at(out.id)];
+            t.insert(t.end(), out.new_tokens.begin(), out.new_tokens.end());
+            if (out.finished) {
+                EXPECT_EQ(out.finish_reason, "length");
+                ++finished;
+            }
+        }
+        runner.kv().check_integrity();
+    }
+    EXPECT_EQ(finished, prompts.size());
+    if (stats) *stats = engine->stats();
+    return tokens;
+}
+
+// Prompts of different lengths and contents built from the fixture prompt.
+std::vector<std::vector<int32_t>> varied_prompts(const Fixture& f, size_t n) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = 0; i < n; ++i) {
+        const size_t len = 3 + (f.prompt.size() - 3) * (i + 1) / n;
+        std::vector<int32_t> p(f.prompt.begin(), f.prompt.begin() + long(len));
+        std::rotate(p.begin(), p.begin() + long(i % p.size()), p.end());
+        prompts.push_back(p);
+    }
+    return prompts;
+}
+
+class EngineTest : public ::testing::TestWithParam<std::string> {
+protected:
+    void SetUp() override {
+        fixture_ = load_fixture(GetParam());
+        loaded_ = std::make_unique<Loaded>(fixture_.dir);
+    }
+    std::vector<std::vector<int32_t>> alone(const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
+        std::vector<std::vector<int32_t>> result;
+        for (const auto& p : prompts) {
+            Runner runner(*loaded_->model, *loaded_->backend, pool(512));
+            result.push_back(run_all(runner, {p}, {1, 4096, 0}, max_tokens)[0]);
+        }
+        return result;
+    }
+    Fixture fixture_;
+    std::unique_ptr<Loaded> loaded_;
+};
+
+TEST_P(EngineTest, BatchedEqualsAlone) {
+    const auto prompts = varied_prompts(fixture_, 5);
+    Runner runner(*loaded_->model, *loaded_->backend, pool(512));
+    EngineStats stats;
+    const auto together = run_all(runner, prompts, {8, 4096, 0}, 10, &stats);
+    EXPECT_EQ(together, alone(prompts, 10));
+    EXPECT_EQ(stats.preemptions, 0);
+    EXPECT_EQ(runner.kv().free_pages(), runner.kv().n_pages());
+}
+
+// A token budget of 7 splits every prompt into chunks (mixed with other requests' decodes).
+TEST_P(EngineTest, ChunkedPrefillEqualsOneShot) {
+    const auto prompts = varied_prompts(fixture_, 3);
+    Runner runner(*loaded_->model, *loaded_->backend, pool(512));
+    EXPECT_EQ(run_all(runner, prompts, {3, 7, 0}, 8), run_all(runner, prompts, {3, 4096, 0}, 8));
+}
+
+// The fixture's greedy reference through the engine with chunked prefill.
+TEST_P(EngineTest, ChunkedGreedyMatchesReference) {
+    const size_t decidable = decidable_greedy_steps(fixture_);
+    Runner runner(*loaded_->model, *loaded_->backend, pool(512));
+    const auto tokens = run_all(runner, {fixture_.prompt}, {2, 5, 0}, int(decidable))[0];
+    EXPECT_EQ(tokens, std::vector<int32_t>(fixture_.greedy.begin(), fixture_.greedy.begin() + long(decidable)));
+}
+
+// A warm prefix-cache hit computes only the suffix, yet gives the cold run's logits and tokens.
+TEST_P(EngineTest, PrefixCacheHitEqualsColdRun) {
+    Runner runner(*loaded_->model, *loaded_->backend, pool(512, /*prefix_caching=*/true));
+    const int64_t block = runner.layout().block_tokens();
+    std::vector<int32_t> prompt;
+    while (int64_t(prompt.size()) < 2 * block + 3)
+        prompt.insert(prompt.end(), fixture_.prompt.begin(), fixture_.prompt.end());
+    prompt.resize(size_t(2 * block + 3));
+
+    const size_t vocab = size_t(fixture_.vocab);
+    const std::vector<float> cold = prompt_logits(runner, prompt);  // seq 0, commits every page
+    runner.kv().check_integrity();
+    // Warm: a new sequence attaches the cached prefix and computes only the rest.
+    KvCacheManager& kv = runner.kv();
+    const int64_t reused = kv.add_sequence(7, prompt);
+    ASSERT_EQ(reused, 2 * block) << "block " << block;
+    ASSERT_TRUE(kv.allocate(7, int64_t(prompt.size())));
+    const SequenceChunk rest{7, reused, std::span(prompt).subspan(size_t(reused)), true};
+    const std::vector<float> warm = runner.forward(std::span(&rest, 1));
+    kv.commit(7, prompt, int64_t(prompt.size()));
+    kv.free_sequence(7);
+    const std::vector<float> cold_rest(cold.begin() + long(size_t(reused) * vocab), cold.end());
+    EXPECT_LE(relative_error(warm.data(), cold_rest.data(), warm.size()), 1e-5);
+
+    // Through the engine: the second identical request hits the cache and generates the same.
+    EngineStats stats;
+    const auto first = run_all(runner, {prompt}, {2, 4096, 0}, 6);
+    const auto second = run_all(runner, {prompt}, {2, 4096, 0}, 6, &stats);
+    EXPECT_EQ(first, second);
+    EXPECT_GE(stats.prefix_hit_tokens, 2 * block);
+    runner.kv().check_integrity();
+}
+
+// A pool too small for every request at once forces preemption by recompute; tokens are those
+// of uninterrupted runs.
+TEST_P(EngineTest, PreemptedAndResumedEqualsUninterrupted) {
+    const auto prompts = varied_prompts(fixture_, 4);
+    const int max_tokens = 16;
+    // Enough for the longest request alone (with its prefill chunk), not for all of them.
+    const KvLayout layout = Runner(*loaded_->model, *loaded_->backend, pool(1)).layout();
+    int64_t longest = 0;
+    for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()) + max_tokens);
+    const int64_t chunk = 8;
+    const int64_t pages = max_pages_per_sequence(layout, longest, chunk);
+    Runner runner(*loaded_->model, *loaded_->backend, pool(pages + 1));
+    EngineStats stats;
+    const auto tokens = run_all(runner, prompts, {4, chunk, longest}, max_tokens, &stats);
+    EXPECT_GT(stats.preemptions, 0) << "pool of " << pages + 1 << " pages did not force preemption";
+    EXPECT_EQ(tokens, alone(prompts, max_tokens));
+    EXPECT_EQ(runner.kv().free_pages(), runner.kv().n_pages());
+}
+
+TEST_P(EngineTest, AbortFreesEveryPage) {
+    Runner runner(*loaded_->model, *loaded_->backend, pool(256, /*prefix_caching=*/false));
+    std::unique_ptr<Engine> engine = make_engine(runner, {4, 16, 0});
+    std::vector<std::string> reasons;
+    const uint64_t a = engine->submit(fixture_.prompt, {}, 50, {}, [&](const RequestOutput& out) {
+        if (out.finished) reasons.push_back(out.finish_reason);
+    });
+    const uint64_t b = engine->submit(varied_prompts(fixture_, 2)[0], {}, 50);
+    for (int i = 0; i < 6; ++i) engine->step();
+    EXPECT_LT(runner.kv().free_pages(), runner.kv().n_pages());
+    EXPECT_TRUE(engine->abort(a));
+    EXPECT_TRUE(engine->abort(b));
+    EXPECT_FALSE(engine->abort(a));
+    EXPECT_EQ(runner.kv().free_pages(), runner.kv().n_pages());
+    runner.kv().check_integrity();
+    EXPECT_EQ(reasons, std::vector<std::string>{"abort"});
+    const auto events = engine->step();  // the abort events are also returned once
+    EXPECT_EQ(events.size(), 2u);
+    EXPECT_FALSE(engine->has_work());
+}
+
+// Thousands of steps of random submits and aborts over a small pool with prefix caching:
+// integrity after every step, and every request ends exactly once (length, stop or abort).
+TEST_P(EngineTest, RandomizedSubmitAbortNeverDrops) {
+    const int64_t max_len = 40;
+    const KvLayout layout = Runner(*loaded_->model, *loaded_->backend, pool(1)).layout();
+    // Room for one longest request and a little more: preemption is routine.
+    Runner runner(*loaded_->model, *loaded_->backend, pool(max_pages_per_sequence(layout, max_len, 12) + 2, true));
+    std::unique_ptr<Engine> engine = make_engine(runner, {6, 12, max_len});
+    std::mt19937 rng(1234);
+    std::map<uint64_t, int> ends;  // id → finished events seen
+    std::vector<uint64_t> live;
+    int submitted = 0;
+    for (int step = 0; step < 400 || engine->has_work(); ++step) {
+        ASSERT_LT(step, 5000) << "engine does not drain";
+        if (step < 400 && rng() % 3 == 0) {
+            std::vector<int32_t> prompt(fixture_.prompt.begin(), fixture_.prompt.begin() + long(1 + rng() % 24));
+            if (rng() % 2) prompt.back() = int32_t(rng() % 100);  // some share prefixes, some do not
+            const uint64_t id = engine->submit(prompt, {}, int(1 + rng() % 20), {int32_t(rng() % 512)});
+            ends[id] = 0;
+            live.push_back(id);
+            ++submitted;
+        }
+        if (step < 400 && !live.empty() && rng() % 11 == 0) engine->abort(live[rng() % live.size()]);
+        for (const RequestOutput& out : engine->step()) {
+            ASSERT_TRUE(ends.count(out.id));
+            if (out.finished) {
+                ++ends[out.id];
+                live.erase(std::remove(live.begin(), live.end(), out.id), live.end());
+            }
+        }
+        runner.kv().check_integrity();
+    }
+    for (const auto& [id, n] : ends) EXPECT_EQ(n, 1) << "request " << id;
+    EXPECT_GT(submitted, 50);
+    EXPECT_GT(engine->stats().preemptions, 0);
+    EXPECT_EQ(runner.kv().free_pages(), runner.kv().n_pages());
+    std::cout << "[ engine   ] " << submitted << " requests, " << engine->stats().preemptions << " preemptions, "
+              << engine->stats().prefix_hit_tokens << " prefix-hit tokens\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTest, ::testing::Values("mimo_hub_f32", "qwen3_f32"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace xinfer::test
