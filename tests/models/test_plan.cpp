@@ -1,0 +1,108 @@
+// Memory plan against the real MiMo-V2-Flash config (research/mimo_v2_flash.md §7) and the
+// `xinfer plan` verdict when a configuration does not fit.
+#include "runtime/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace xinfer::test {
+namespace {
+
+const std::filesystem::path kMimoConfig =
+    std::filesystem::path(XINFER_FIXTURES_DIR) / "configs" / "mimo_v2_flash_hub";
+
+ModelConfig mimo_config() { return read_model_config(*Checkpoint::open(kMimoConfig, /*load_weights=*/false)); }
+
+PlanOptions h200(int tp) {
+    PlanOptions options;
+    options.device_memory = parse_memory_size("141GiB");
+    options.tensor_parallel_size = tp;
+    return options;
+}
+
+TEST(MemoryPlan, MimoV2FlashKvBytes) {
+    const MemoryPlan plan = plan_memory(mimo_config(), h200(1));
+    EXPECT_EQ(plan.full_bytes_per_token, 23040);      // 9 full layers × 4 heads × (192 + 128) × 2 B
+    EXPECT_EQ(plan.sliding_bytes_per_seq, 25559040);  // 39 sliding layers × 128 × 8 × 320 × 2 B
+    ASSERT_EQ(plan.groups.size(), 2u);
+    EXPECT_EQ(plan.layout.page_bytes % 23040, 0);
+    EXPECT_EQ(plan.layout.page_bytes % 199680, 0);
+    // Page-rounded: a decoding sequence holds ceil(128 / tokens_per_page) + 1 sliding pages.
+    EXPECT_EQ(plan.sliding_pages_per_seq * plan.layout.page_bytes, 9 * plan.layout.page_bytes);
+    // bf16 matrices of ~309B parameters cannot fit one 141 GiB device; the verdict names a TP size.
+    EXPECT_FALSE(plan.fits);
+    EXPECT_NE(plan.verdict.find("--tensor-parallel-size"), std::string::npos) << plan.verdict;
+}
+
+TEST(MemoryPlan, MimoV2FlashTensorParallel8Fits) {
+    PlanOptions options = h200(8);
+    options.max_model_len = 262144;
+    const MemoryPlan plan = plan_memory(mimo_config(), options);
+    EXPECT_TRUE(plan.fits) << plan.report();
+    // Per rank: 1 of 4 full KV heads, 1 of 8 sliding heads.
+    EXPECT_EQ(plan.full_bytes_per_token, 23040 / 4);
+    EXPECT_EQ(plan.sliding_bytes_per_seq, 25559040 / 8);
+    EXPECT_GE(plan.full_length_sequences, 1);
+}
+
+TEST(MemoryPlan, TooLongContextGivesLargestThatFits) {
+    PlanOptions options = h200(8);
+    options.gpu_memory_utilization = 0.6;  // leaves a small KV pool after 77 GB of weights per rank
+    options.max_num_seqs = 256;
+    options.max_model_len = 262144 * 64;
+    const MemoryPlan plan = plan_memory(mimo_config(), options);
+    ASSERT_FALSE(plan.fits) << plan.report();
+    EXPECT_NE(plan.verdict.find("--max-model-len"), std::string::npos) << plan.verdict;
+}
+
+TEST(MemoryPlan, SpeculativeConfig) {
+    EXPECT_EQ(parse_speculative_config(R"({"method": "mtp", "num_speculative_tokens": 3})").num_speculative_tokens, 3);
+    EXPECT_THROW(parse_speculative_config(R"({"method": "eagle9", "num_speculative_tokens": 3})"), std::exception);
+    EXPECT_THROW(parse_speculative_config("{not json"), std::exception);
+    PlanOptions options = h200(8);
+    const uint64_t base = plan_memory(mimo_config(), options).speculative_bytes;
+    options.speculative_config = R"({"method": "mtp", "num_speculative_tokens": 3})";
+    EXPECT_GT(plan_memory(mimo_config(), options).speculative_bytes, base);
+}
+
+TEST(MemoryPlan, ParseMemorySize) {
+    EXPECT_EQ(parse_memory_size("141GiB"), uint64_t(141) << 30);
+    EXPECT_EQ(parse_memory_size("512MiB"), uint64_t(512) << 20);
+    EXPECT_EQ(parse_memory_size("1000"), 1000u);
+    EXPECT_EQ(parse_memory_size("2GB"), 2000000000u);
+    EXPECT_THROW(parse_memory_size("12 parsecs"), std::exception);
+}
+
+std::string run(const std::string& args, int* status) {
+    std::string out;
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((std::string(XINFER_BINARY) + " " + args + " 2>&1").c_str(), "r"),
+                                               pclose);
+    std::array<char, 4096> buffer{};
+    while (fgets(buffer.data(), int(buffer.size()), pipe.get())) out += buffer.data();
+    *status = WEXITSTATUS(pclose(pipe.release()));
+    return out;
+}
+
+TEST(PlanCli, VerdictWhenItDoesNotFit) {
+    int status = 0;
+    const std::string config = (kMimoConfig / "config.json").string();
+    std::string out = run("plan --config " + config + " --device cuda --device-memory 141GiB", &status);
+    EXPECT_EQ(status, 2) << out;
+    EXPECT_NE(out.find("23,040 B/token"), std::string::npos) << out;
+    EXPECT_NE(out.find("25,559,040 B per sequence"), std::string::npos) << out;
+    EXPECT_NE(out.find("does NOT fit"), std::string::npos) << out;
+    out = run("plan --config " + config + " --device cuda --device-memory 141GiB --tensor-parallel-size 8", &status);
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("verdict: fits"), std::string::npos) << out;
+    out = run("plan --config " + config + " --device cuda --device-memory 141GiB --kv-cache-dtype fp8", &status);
+    EXPECT_NE(status, 0);
+    EXPECT_NE(out.find("not supported yet"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace xinfer::test
