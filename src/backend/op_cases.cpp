@@ -272,6 +272,8 @@ OpCase convert_case(DType from, DType to, int64_t rows, int64_t n, uint32_t seed
 
 // ---- matmul and MoE --------------------------------------------------------------------------------
 
+}  // namespace
+
 OpCase matmul_case(int64_t T, int64_t N, int64_t K, DType w_dtype, uint32_t seed) {
     return make_case(XINFER_OP_MATMUL, fmt::format("matmul(T={}, N={}, K={}, w={})", T, N, K, dtype_name(w_dtype)),
                      kMatmul, [=] {
@@ -284,6 +286,8 @@ OpCase matmul_case(int64_t T, int64_t N, int64_t K, DType w_dtype, uint32_t seed
                          return d;
                      });
 }
+
+namespace {
 
 struct RouteSpec {
     int64_t T, E;
@@ -404,9 +408,9 @@ OpCase sample_case(int64_t rows, int64_t vocab, uint32_t seed) {
 // > 0) blocks of a pool whose pages hold several layers, page_stride elements apart (the layout
 // of src/kv/kv_layout.h, plus `pad` elements per page).
 struct CacheGeometry {
-    int64_t n_pages, page_size, n_kv, dk, dv;
+    int64_t n_pages = 0, page_size = 0, n_kv = 0, dk = 0, dv = 0;
     int pool_layers = 0, layer = 0, pad = 0;
-    std::optional<DType> dtype;  // fixed; default: the activation dtype
+    std::optional<DType> dtype = std::nullopt;  // fixed; default: the activation dtype
 
     int64_t k_page_elements() const { return page_size * n_kv * dk; }
     int64_t v_page_elements() const { return page_size * n_kv * dv; }
@@ -435,26 +439,29 @@ std::pair<size_t, size_t> add_caches(CaseData& d, const CacheGeometry& g, int k_
     auto cache = [&](std::string name, Slot slot, std::vector<int64_t> shape) {
         CaseTensor t = make_tensor(std::move(name), slot, access, !g.dtype, g.dtype.value_or(DType::f32), std::move(shape));
         if (access == Access::inout) t.compare = Compare::exact;
+        if (t.numel() > kMaxHostValues) {
+            t.bulk_random = 1.f;  // perf shapes: random on the device, no sentinels
+        } else {
+            t.values.assign(size_t(t.numel()), fill);
+        }
         return t;
     };
     if (!g.pool_layers) {
         CaseTensor k = cache("k_cache", src(k_slot), {g.n_pages, g.page_size, g.n_kv, g.dk});
         CaseTensor v = cache("v_cache", src(k_slot + 1), {g.n_pages, g.page_size, g.n_kv, g.dv});
-        k.values.assign(size_t(k.numel()), fill);
-        v.values.assign(size_t(v.numel()), fill);
         d.tensors.push_back(std::move(k));
         d.tensors.push_back(std::move(v));
         return {d.tensors.size() - 2, d.tensors.size() - 1};
     }
-    CaseTensor pool = cache("kv_pool", Slot{}, {g.n_pages, g.page_stride()});
-    pool.values.assign(size_t(pool.numel()), fill);
-    d.tensors.push_back(std::move(pool));
+    d.tensors.push_back(cache("kv_pool", Slot{}, {g.n_pages, g.page_stride()}));
     const size_t pool_index = d.tensors.size() - 1;
     for (int which = 0; which < 2; ++which) {
         CaseTensor view = cache(which ? "v_cache" : "k_cache", src(k_slot + which),
                                 {g.n_pages, g.page_size, g.n_kv, which ? g.dv : g.dk});
         view.access = Access::input;
         view.compare = Compare::none;
+        view.values.clear();
+        view.bulk_random = 0.f;
         view.view_of = int(pool_index);
         view.view_offset = which ? g.v_offset() : g.k_offset();
         d.tensors.push_back(std::move(view));
@@ -494,13 +501,12 @@ OpCase kv_store_case(const KvStoreSpec& s) {
 struct AttentionSpec {
     std::string label;
     std::vector<int> q_lens, kv_lens;  // per sequence; its queries are the last q_len of its kv_len keys
-    int n_q, n_kv, dk, dv;
+    int n_q = 0, n_kv = 0, dk = 0, dv = 0;
     int window = 0;
     bool causal = true, sinks = false;
     int page_size = 16;
     int pool_layers = 0, layer = 0, pad = 0;
-    std::optional<DType> cache_dtype;
-    bool bulk = false;  // perf: caches filled on the device (no NaN sentinels)
+    std::optional<DType> cache_dtype = std::nullopt;
     uint32_t seed = 1;
 };
 
@@ -525,7 +531,8 @@ OpCase attention_case(const AttentionSpec& s) {
     std::string mode = s.causal ? "causal" : "non-causal";
     mode += s.window ? fmt::format(", window={}", s.window) : std::string(s.causal ? ", full" : "");
     if (s.sinks) mode += ", sinks";
-    CacheGeometry geometry{0, s.page_size, s.n_kv, s.dk, s.dv, s.pool_layers, s.layer, s.pad, s.cache_dtype};
+    const CacheGeometry geometry{.page_size = s.page_size, .n_kv = s.n_kv, .dk = s.dk, .dv = s.dv,
+                                 .pool_layers = s.pool_layers, .layer = s.layer, .pad = s.pad, .dtype = s.cache_dtype};
     std::string description =
         fmt::format("attention({}: seqs={}, T={}, q={}, kv={}, heads={}/{} (GQA {}), d={}/{}, {}, {})", s.label,
                     s.q_lens.size(), T, range_text(s.q_lens), range_text(s.kv_lens), s.n_q, s.n_kv, s.n_q / s.n_kv,
@@ -566,7 +573,9 @@ OpCase attention_case(const AttentionSpec& s) {
                 if (s.window == 0 || (page + 1) * ps > first_needed) resident.emplace_back(i, page);
         }
         // A shuffled pool with a few free pages nobody references.
-        CacheGeometry g{int64_t(resident.size()) + 3, ps, s.n_kv, s.dk, s.dv, s.pool_layers, s.layer, s.pad, s.cache_dtype};
+        const CacheGeometry g{.n_pages = int64_t(resident.size()) + 3, .page_size = ps, .n_kv = s.n_kv, .dk = s.dk,
+                              .dv = s.dv, .pool_layers = s.pool_layers, .layer = s.layer, .pad = s.pad,
+                              .dtype = s.cache_dtype};
         std::vector<int32_t> physical(static_cast<size_t>(g.n_pages));
         std::iota(physical.begin(), physical.end(), 0);
         std::shuffle(physical.begin(), physical.end(), rng);
@@ -578,11 +587,8 @@ OpCase attention_case(const AttentionSpec& s) {
         // Every cache element starts as NaN: other layers of the pool, free pages and slots past
         // kv_len must never reach the output. Only keys that exist get values.
         const auto [k_index, v_index] = add_caches(d, g, 1, Access::input, kNaN);
-        if (s.bulk) {
-            for (size_t i : {k_index, v_index}) {
-                d.tensors[i].values.clear();
-                d.tensors[i].bulk_random = 1.f;
-            }
+        if (d.tensors[k_index].values.empty() || d.tensors[v_index].values.empty()) {
+            // perf shapes: the caches are filled on the device
         } else {
             std::vector<float>& k_values = d.tensors[k_index].values;
             std::vector<float>& v_values = d.tensors[v_index].values;
@@ -737,31 +743,45 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(sample_case(14, 1000, ++seed));
     cases.push_back(sample_case(4, 152576, ++seed));
 
-    cases.push_back(kv_store_case({7, {8, 16, 2, 192, 128}, ++seed}));
-    cases.push_back(kv_store_case({33, {5, 16, 4, 24, 16}, ++seed}));
-    cases.push_back(kv_store_case({5, {6, 16, 8, 192, 128, 3, 1, 8}, ++seed}));
-    cases.push_back(kv_store_case({9, {4, 16, 1, 128, 128, 0, 0, 0, bf16}, ++seed}));
+    cases.push_back(kv_store_case({7, {.n_pages = 8, .page_size = 16, .n_kv = 2, .dk = 192, .dv = 128}, ++seed}));
+    cases.push_back(kv_store_case({33, {.n_pages = 5, .page_size = 16, .n_kv = 4, .dk = 24, .dv = 16}, ++seed}));
+    cases.push_back(kv_store_case(
+        {5, {.n_pages = 6, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128, .pool_layers = 3, .layer = 1, .pad = 8}, ++seed}));
+    cases.push_back(
+        kv_store_case({9, {.n_pages = 4, .page_size = 16, .n_kv = 1, .dk = 128, .dv = 128, .dtype = bf16}, ++seed}));
 
     // Attention: every variant the models use. Page size 16 with shuffled tables throughout.
     auto attention = [&](AttentionSpec s) {
         s.seed = ++seed;
         cases.push_back(attention_case(s));
     };
-    attention({"decode", {1, 1, 1, 1}, {1, 37, 300, 129}, 16, 2, 192, 128});
-    attention({"chunks vs cache", {7, 32, 1, 13}, {7, 95, 64, 300}, 16, 1, 192, 128, 0, true, true});
-    attention({"prefill", {130}, {130}, 16, 2, 192, 128});
-    attention({"sliding", {1, 5, 32, 3}, {200, 150, 161, 33}, 16, 2, 192, 128, 32, true, true});
-    attention({"sliding small", {1, 9, 4}, {80, 70, 16}, 4, 4, 24, 16, 16, true, false});
-    attention({"MiMo SWA verify", {32, 32}, {600, 140}, 16, 2, 192, 128, 128, true, true});
-    attention({"DFlash block", {16, 16}, {100, 40}, 16, 2, 128, 128, 8, false, false});
-    attention({"non-causal", {16, 5}, {60, 21}, 16, 1, 192, 128, 0, false, true});
-    attention({"pool", {3, 1, 17}, {50, 200, 17}, 16, 2, 192, 128, 0, true, true, 16, 3, 1, 8});
-    attention({"pool sliding", {1, 8}, {150, 90}, 16, 1, 192, 128, 32, true, true, 16, 3, 2, 5});
-    attention({"small dims", {2, 7}, {40, 7}, 16, 1, 24, 16, 0, true, true});
-    attention({"bf16 cache", {5, 1}, {70, 33}, 16, 2, 192, 128, 0, true, true, 16, 0, 0, 0, bf16});
-    attention({"odd page", {3, 1}, {60, 45}, 8, 1, 192, 128, 20, true, true, 7});
-    attention({"long decode", {1, 1}, {2048, 1500}, 16, 1, 192, 128});
-    attention({"many seqs MHA", {1, 2, 3, 4, 5, 6}, {6, 50, 33, 17, 90, 6}, 4, 4, 128, 128});
+    attention({.label = "decode", .q_lens = {1, 1, 1, 1}, .kv_lens = {1, 37, 300, 129}, .n_q = 16, .n_kv = 2, .dk = 192, .dv = 128});
+    attention({.label = "chunks vs cache", .q_lens = {7, 32, 1, 13}, .kv_lens = {7, 95, 64, 300}, .n_q = 16, .n_kv = 1,
+               .dk = 192, .dv = 128, .sinks = true});
+    attention({.label = "prefill", .q_lens = {130}, .kv_lens = {130}, .n_q = 16, .n_kv = 2, .dk = 192, .dv = 128});
+    attention({.label = "sliding", .q_lens = {1, 5, 32, 3}, .kv_lens = {200, 150, 161, 33}, .n_q = 16, .n_kv = 2,
+               .dk = 192, .dv = 128, .window = 32, .sinks = true});
+    attention({.label = "sliding small", .q_lens = {1, 9, 4}, .kv_lens = {80, 70, 16}, .n_q = 4, .n_kv = 4, .dk = 24,
+               .dv = 16, .window = 16});
+    attention({.label = "MiMo SWA verify", .q_lens = {32, 32}, .kv_lens = {600, 140}, .n_q = 16, .n_kv = 2, .dk = 192,
+               .dv = 128, .window = 128, .sinks = true});
+    attention({.label = "DFlash block", .q_lens = {16, 16}, .kv_lens = {100, 40}, .n_q = 16, .n_kv = 2, .dk = 128,
+               .dv = 128, .window = 8, .causal = false});
+    attention({.label = "non-causal", .q_lens = {16, 5}, .kv_lens = {60, 21}, .n_q = 16, .n_kv = 1, .dk = 192, .dv = 128,
+               .causal = false, .sinks = true});
+    attention({.label = "pool", .q_lens = {3, 1, 17}, .kv_lens = {50, 200, 17}, .n_q = 16, .n_kv = 2, .dk = 192,
+               .dv = 128, .sinks = true, .pool_layers = 3, .layer = 1, .pad = 8});
+    attention({.label = "pool sliding", .q_lens = {1, 8}, .kv_lens = {150, 90}, .n_q = 16, .n_kv = 1, .dk = 192,
+               .dv = 128, .window = 32, .sinks = true, .pool_layers = 3, .layer = 2, .pad = 5});
+    attention({.label = "small dims", .q_lens = {2, 7}, .kv_lens = {40, 7}, .n_q = 16, .n_kv = 1, .dk = 24, .dv = 16,
+               .sinks = true});
+    attention({.label = "bf16 cache", .q_lens = {5, 1}, .kv_lens = {70, 33}, .n_q = 16, .n_kv = 2, .dk = 192, .dv = 128,
+               .sinks = true, .cache_dtype = bf16});
+    attention({.label = "odd page", .q_lens = {3, 1}, .kv_lens = {60, 45}, .n_q = 8, .n_kv = 1, .dk = 192, .dv = 128,
+               .window = 20, .sinks = true, .page_size = 7});
+    attention({.label = "long decode", .q_lens = {1, 1}, .kv_lens = {2048, 1500}, .n_q = 16, .n_kv = 1, .dk = 192, .dv = 128});
+    attention({.label = "many seqs MHA", .q_lens = {1, 2, 3, 4, 5, 6}, .kv_lens = {6, 50, 33, 17, 90, 6}, .n_q = 4,
+               .n_kv = 4, .dk = 128, .dv = 128});
     return cases;
 }
 
@@ -790,21 +810,25 @@ std::vector<OpCase> perf_cases() {
     cases.push_back(matmul_case(1, vocab, hidden, bf16, ++seed));  // lm_head
     cases.push_back(argmax_case(32, vocab, false, ++seed));
     cases.push_back(sample_case(32, vocab, ++seed));
-    cases.push_back(kv_store_case({32, {4096, 16, 4, 192, 128}, ++seed}));
-    cases.push_back(kv_store_case({4096, {4096, 16, 8, 192, 128}, ++seed}));
+    cases.push_back(kv_store_case({32, {.n_pages = 4096, .page_size = 16, .n_kv = 4, .dk = 192, .dv = 128}, ++seed}));
+    cases.push_back(kv_store_case({4096, {.n_pages = 4096, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128}, ++seed}));
 
     auto attention = [&](AttentionSpec s) {
-        s.bulk = true;
         s.seed = ++seed;
         cases.push_back(attention_case(s));
     };
-    attention({"GA decode", std::vector<int>(32, 1), std::vector<int>(32, 8192), 64, 4, 192, 128});
-    attention({"GA decode long", {1}, {32768}, 64, 4, 192, 128});
-    attention({"SWA decode", std::vector<int>(32, 1), std::vector<int>(32, 8192), 64, 8, 192, 128, 128, true, true});
-    attention({"GA verify", std::vector<int>(8, 32), std::vector<int>(8, 4096), 64, 4, 192, 128});
-    attention({"GA prefill", {4096}, {4096}, 64, 4, 192, 128});
-    attention({"SWA prefill", {4096}, {4096}, 64, 8, 192, 128, 128, true, true});
-    attention({"DFlash block", std::vector<int>(8, 16), std::vector<int>(8, 4096), 32, 4, 128, 128, 0, false, false});
+    const std::vector<int> one(32, 1), long_kv(32, 8192);
+    attention({.label = "GA decode", .q_lens = one, .kv_lens = long_kv, .n_q = 64, .n_kv = 4, .dk = 192, .dv = 128});
+    attention({.label = "GA decode long", .q_lens = {1}, .kv_lens = {32768}, .n_q = 64, .n_kv = 4, .dk = 192, .dv = 128});
+    attention({.label = "SWA decode", .q_lens = one, .kv_lens = long_kv, .n_q = 64, .n_kv = 8, .dk = 192, .dv = 128,
+               .window = 128, .sinks = true});
+    attention({.label = "GA verify", .q_lens = std::vector<int>(8, 32), .kv_lens = std::vector<int>(8, 4096), .n_q = 64,
+               .n_kv = 4, .dk = 192, .dv = 128});
+    attention({.label = "GA prefill", .q_lens = {4096}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192, .dv = 128});
+    attention({.label = "SWA prefill", .q_lens = {4096}, .kv_lens = {4096}, .n_q = 64, .n_kv = 8, .dk = 192, .dv = 128,
+               .window = 128, .sinks = true});
+    attention({.label = "DFlash block", .q_lens = std::vector<int>(8, 16), .kv_lens = std::vector<int>(8, 4096),
+               .n_q = 32, .n_kv = 4, .dk = 128, .dv = 128, .causal = false});
     return cases;
 }
 

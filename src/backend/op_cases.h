@@ -90,6 +90,9 @@ std::vector<OpCase> correctness_cases();
 // wide, vocab 152576), decode T=1 and prefill T=4096, for --perf. Large weights and caches are
 // filled on the device.
 std::vector<OpCase> perf_cases();
+// y[T, N] = x[T, K] · w[N, K]ᵀ with weights of `w_dtype` (the perf harness times a large one to
+// measure the device's matmul peak).
+OpCase matmul_case(int64_t T, int64_t N, int64_t K, DType w_dtype, uint32_t seed);
 
 // ---- running cases ---------------------------------------------------------------------------------
 
