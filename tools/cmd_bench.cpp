@@ -1,6 +1,7 @@
 // xinfer bench: prefill and decode speed of one sequence, each next to the limit it is measured
 // against in the same run (decode: weight + KV bytes per token over the measured copy
 // bandwidth; prefill: achieved matmul FLOP/s).
+#include "bench_serving.h"
 #include "commands.h"
 #include "core/status.h"
 #include "runtime/profiler.h"
@@ -37,6 +38,7 @@ void add_bench_command(CLI::App& app) {
         int64_t gen_len = 32;
         uint64_t seed = 0;
         std::string profile;
+        ServingBenchOptions serving;
     };
     auto options = std::make_shared<Options>();
     CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode speed against the device's limits");
@@ -46,7 +48,20 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--seed", options->seed, "Seed of the random prompt")->default_val(0);
     cmd->add_option("--profile", options->profile,
                     "Write a Chrome trace (Perfetto) of every op to this .json file and print a per-op summary");
+    cmd->add_option("--concurrency", options->serving.concurrency,
+                    "Serving mode through the Engine: comma-separated concurrencies, e.g. 1,8,32,64");
+    cmd->add_option("--input-len", options->serving.input_len, "Serving mode: prompt tokens")->default_val(512);
+    cmd->add_option("--output-len", options->serving.output_len, "Serving mode: generated tokens")->default_val(256);
+    cmd->add_option("--max-num-batched-tokens", options->serving.max_num_batched_tokens, "Serving mode: step budget")
+        ->default_val(2048);
+    cmd->add_option("--kv-cache-dtype", options->serving.kv_cache_dtype, "Serving mode: auto, float32, bfloat16")
+        ->default_val("auto");
     cmd->callback([options] {
+        if (!options->serving.concurrency.empty()) {
+            options->serving.seed = options->seed;
+            run_serving_bench(options->model, options->serving);
+            return;
+        }
         LoadedModel loaded = load(options->model);
         const ModelConfig& config = loaded.model->config();
         Backend& backend = *loaded.backend;

@@ -1,0 +1,177 @@
+// Offline serving benchmark: for each concurrency c, c random prompts (fixed seed) of input_len
+// tokens are submitted at once and decoded for output_len tokens through the Engine. Prints
+// output tokens/s, TTFT and inter-token latency percentiles, and the achieved fraction of the
+// bytes-moved roofline over the decode steps:
+//   bytes(step) = non-expert weights (attention, dense FFN, norms, routers, lm_head, one embedding row)
+//               + expected distinct experts E·(1 − (1 − k/E)^b) × expert bytes, per MoE layer (b = batch)
+//               + KV each sequence reads (its context, windowed per layer)
+//   fraction    = Σ bytes(step) / Σ time(step) / measured copy bandwidth.
+#include "bench_serving.h"
+
+#include "core/status.h"
+#include "xinfer/engine.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <random>
+#include <sstream>
+
+namespace xinfer::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double percentile(std::vector<double> values, double p) {
+    if (values.empty()) return 0;
+    std::sort(values.begin(), values.end());
+    const size_t index = size_t(std::ceil(p / 100.0 * double(values.size()))) - (p > 0 ? 1 : 0);
+    return values[std::min(index, values.size() - 1)];
+}
+
+std::vector<int> parse_list(const std::string& text) {
+    std::vector<int> values;
+    std::stringstream stream(text);
+    std::string item;
+    while (std::getline(stream, item, ',')) {
+        const int value = std::atoi(item.c_str());
+        if (value < 1) fail("--concurrency \"{}\": \"{}\" is not a positive integer", text, item);
+        values.push_back(value);
+    }
+    return values;
+}
+
+// Bytes one decode step must read, from the config (see the file comment).
+struct StepBytes {
+    double dense = 0;        // every weight a step reads regardless of routing
+    double expert = 0;       // one expert of one layer
+    int moe_layers = 0, n_experts = 0, top_k = 0;
+    const ModelConfig* config = nullptr;
+    double kv_value_bytes = 0;
+
+    double weights(int batch) const {
+        if (moe_layers == 0) return dense;
+        const double distinct = n_experts * (1 - std::pow(1 - double(top_k) / n_experts, batch));
+        return dense + moe_layers * distinct * expert;
+    }
+    double kv(int64_t context) const {
+        double bytes = 0;
+        for (const LayerSpec& l : config->layers) {
+            const int64_t keys = l.window > 0 ? std::min<int64_t>(context, l.window) : context;
+            bytes += double(keys) * l.n_kv_heads * (l.head_dim_k + l.head_dim_v) * kv_value_bytes;
+        }
+        return bytes;
+    }
+};
+
+StepBytes step_bytes(const ModelConfig& config, DType weight_dtype, DType kv_dtype) {
+    StepBytes s;
+    s.config = &config;
+    const double w = double(dtype_size(weight_dtype));
+    const ParameterCounts counts = count_parameters(config);
+    s.n_experts = config.n_experts;
+    s.top_k = config.router.top_k;
+    s.expert = 3.0 * double(config.hidden_size) * double(config.moe_intermediate_size) * w;
+    for (const LayerSpec& l : config.layers) s.moe_layers += l.ffn == FfnKind::moe;
+    // active counts top_k experts per MoE layer and the lm_head; routers/norms are f32 but small.
+    s.dense = double(counts.active) * w - s.moe_layers * s.top_k * s.expert + double(config.hidden_size) * w;
+    s.kv_value_bytes = double(dtype_size(kv_dtype));
+    return s;
+}
+
+}  // namespace
+
+void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& options) {
+    const std::vector<int> levels = parse_list(options.concurrency);
+    const int max_concurrency = *std::max_element(levels.begin(), levels.end());
+    EngineOptions engine_options;
+    engine_options.model_dir = model.model_dir;
+    engine_options.device = model.device;
+    engine_options.load_format = model.load_format;
+    engine_options.dtype = model.dtype;
+    engine_options.max_num_seqs = max_concurrency;
+    engine_options.max_num_batched_tokens = options.max_num_batched_tokens;
+    engine_options.max_model_len = options.input_len + options.output_len;
+    engine_options.kv_cache_dtype = options.kv_cache_dtype;
+    if (model.max_cached_tokens > 0) engine_options.kv_cache_tokens = model.max_cached_tokens;
+    std::unique_ptr<Engine> engine = Engine::create(engine_options);
+
+    // The config (read again: only config.json) and the bandwidth measured on a second context.
+    const ModelConfig config = read_model_config(*Checkpoint::open(model.model_dir, false));
+    auto backend = make_backend(model.device);
+    const bool host = backend->props().host_memory != 0;
+    const DType act = host ? DType::f32 : (config.dtype == DType::f32 ? DType::f32 : DType::bf16);
+    const DType weight_dtype = host ? (model.load_format == "dummy" ? DType::bf16 : config.dtype) : act;
+    const StepBytes bytes = step_bytes(config, weight_dtype, options.kv_cache_dtype == "bfloat16" ? DType::bf16 : act);
+    const double bandwidth_gbps = backend->measure_copy_bandwidth_gbps();
+    backend.reset();
+
+    fmt::print("model: {} on {}, weights {}, input {} / output {} tokens, max_num_batched_tokens {}\n",
+               config.architecture, model.device, dtype_name(weight_dtype), options.input_len, options.output_len,
+               options.max_num_batched_tokens);
+    fmt::print("measured copy bandwidth: {:.2f} GB/s\n\n", bandwidth_gbps);
+    fmt::print("| concurrency | output tok/s | TTFT p50 / p90 / p99 (s) | ITL p50 / p90 / p99 (ms) | decode batch | "
+               "bytes/decode step | roofline fraction | preemptions |\n");
+    fmt::print("|---:|---:|---|---|---:|---:|---:|---:|\n");
+
+    std::mt19937 rng(uint32_t(options.seed));
+    std::uniform_int_distribution<int32_t> token(0, int32_t(config.vocab_size - 1));
+    for (int concurrency : levels) {
+        const int64_t preemptions_before = engine->stats().preemptions;
+        std::map<uint64_t, std::vector<Clock::time_point>> arrivals;  // id → token times
+        std::map<uint64_t, int64_t> context;                         // id → tokens so far
+        std::vector<double> ttft;
+        const Clock::time_point start = Clock::now();
+        for (int i = 0; i < concurrency; ++i) {
+            std::vector<int32_t> prompt(size_t(options.input_len));
+            for (int32_t& t : prompt) t = token(rng);
+            const uint64_t id = engine->submit(std::move(prompt), {}, int(options.output_len));
+            arrivals[id] = {};
+            context[id] = options.input_len;
+        }
+        double decode_bytes = 0, decode_seconds = 0;
+        int64_t decode_steps = 0, decode_rows = 0, generated = 0;
+        while (engine->has_work()) {
+            const Clock::time_point step_start = Clock::now();
+            const std::vector<RequestOutput> outputs = engine->step();
+            const Clock::time_point step_end = Clock::now();
+            bool decode_only = !outputs.empty();
+            double kv = 0;
+            for (const RequestOutput& out : outputs) {
+                if (out.new_tokens.empty()) continue;
+                decode_only = decode_only && out.generated_tokens > 1;
+                kv += bytes.kv(context[out.id]);
+                context[out.id] += int64_t(out.new_tokens.size());
+                arrivals[out.id].push_back(step_end);
+                generated += int64_t(out.new_tokens.size());
+                if (out.generated_tokens == 1) ttft.push_back(out.time_to_first_token_s);
+            }
+            if (decode_only && engine->stats().waiting == 0) {
+                const int batch = int(outputs.size());
+                decode_bytes += bytes.weights(batch) + kv;
+                decode_seconds += std::chrono::duration<double>(step_end - step_start).count();
+                decode_rows += batch;
+                ++decode_steps;
+            }
+        }
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        std::vector<double> itl;
+        for (const auto& [id, times] : arrivals)
+            for (size_t i = 1; i < times.size(); ++i)
+                itl.push_back(1e3 * std::chrono::duration<double>(times[i] - times[i - 1]).count());
+        const double fraction = decode_seconds > 0 ? decode_bytes / decode_seconds / (bandwidth_gbps * 1e9) : 0;
+        fmt::print("| {} | {:.2f} | {:.3f} / {:.3f} / {:.3f} | {:.1f} / {:.1f} / {:.1f} | {:.1f} | {:.1f} MB | {:.1f}% | {} "
+                   "|\n",
+                   concurrency, double(generated) / seconds, percentile(ttft, 50), percentile(ttft, 90),
+                   percentile(ttft, 99), percentile(itl, 50), percentile(itl, 90), percentile(itl, 99),
+                   decode_steps ? double(decode_rows) / double(decode_steps) : 0.0,
+                   decode_steps ? decode_bytes / double(decode_steps) / 1e6 : 0.0, 100 * fraction,
+                   engine->stats().preemptions - preemptions_before);
+        std::fflush(stdout);
+    }
+}
+
+}  // namespace xinfer::cli

@@ -1,0 +1,21 @@
+// `xinfer bench --concurrency ...`: offline serving benchmark through the Engine.
+#pragma once
+
+#include "commands.h"
+
+#include <string>
+
+namespace xinfer::cli {
+
+struct ServingBenchOptions {
+    std::string concurrency;  // "1,8,32,64"
+    int64_t input_len = 512;
+    int64_t output_len = 256;
+    int64_t max_num_batched_tokens = 2048;
+    std::string kv_cache_dtype = "auto";
+    uint64_t seed = 0;
+};
+
+void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& options);
+
+}  // namespace xinfer::cli
