@@ -185,10 +185,55 @@ __global__ void combine_kernel(const float* dn /*[T·k, H]*/, const int32_t* ids
     }
 }
 
+// ---- f32 experts ---------------------------------------------------------------------------------
+// Checkpoints that run in f32 (tiny golden fixtures, --dtype float32) keep f32 expert weights.
+// This path is for exactness, not speed: one warp per (pair, output row) dot product in f32.
+
+// act[p, i] = silu(x_t · gate_e[i]) * (x_t · up_e[i]) for pair p = (t, slot), e = ids[p].
+__global__ void f32_gate_up_kernel(const void* x /*[T, H]*/, int x_dtype, const int32_t* ids /*[P]*/, int top_k, int E,
+                                   const float* gate_up /*[E, 2I, H]*/, int64_t P, int64_t I, int64_t H,
+                                   float* act /*[P, I]*/) {
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= P * I) return;
+    const int64_t p = warp / I, i = warp % I, t = p / top_k;
+    const int32_t e = ids[p];
+    if (e < 0 || e >= E) {
+        if (lane == 0) act[p * I + i] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const float* gate = gate_up + (int64_t(e) * 2 * I + i) * H;
+    const float* up = gate_up + (int64_t(e) * 2 * I + I + i) * H;
+    float g = 0.f, u = 0.f;
+    for (int64_t j = lane; j < H; j += 32) {
+        const float xv = load_f(x, x_dtype, t * H + j);
+        g += xv * gate[j];
+        u += xv * up[j];
+    }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) act[p * I + i] = g / (1.f + expf(-g)) * u;
+}
+
+// dn[p, j] = down_e[j] · act[p] for pair p, e = ids[p] (combined afterwards in slot order).
+__global__ void f32_down_kernel(const float* act /*[P, I]*/, const int32_t* ids /*[P]*/, int E,
+                                const float* down /*[E, H, I]*/, int64_t P, int64_t I, int64_t H,
+                                float* dn /*[P, H]*/) {
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= P * H) return;
+    const int64_t p = warp / H, j = warp % H;
+    const int32_t e = ids[p];
+    if (e < 0 || e >= E) return;  // act already holds NaN for this pair; combine reports it
+    const float* row = down + (int64_t(e) * H + j) * I;
+    float acc = 0.f;
+    for (int64_t i = lane; i < I; i += 32) acc += row[i] * act[p * I + i];
+    acc = warp_sum(acc);
+    if (lane == 0) dn[p * H + j] = acc;
+}
+
 bool expert_weight_ok(const xinfer_tensor& w, const xinfer_tensor& scale, int64_t E, int64_t rows, int64_t cols,
                       int64_t br, int64_t bc) {
     if (w.rank != 3 || w.shape[0] != E || w.shape[1] != rows || w.shape[2] != cols) return false;
-    if (w.dtype == XINFER_DTYPE_BF16) return absent(scale);
+    if (w.dtype == XINFER_DTYPE_BF16 || w.dtype == XINFER_DTYPE_F32) return absent(scale);
     if (w.dtype != XINFER_DTYPE_F8_E4M3) return false;
     return scale.dtype == XINFER_DTYPE_F32 && scale.rank == 3 && scale.shape[0] == E &&
            scale.shape[1] == ceil_div(rows, br) && scale.shape[2] == ceil_div(cols, bc);
@@ -247,13 +292,34 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
         rows_of(out) != T || cols_of(out) != H || gate_up.shape[1] != 2 * I ||
         !expert_weight_ok(gate_up, gate_up_scale, E, 2 * I, H, br, bc) ||
         !expert_weight_ok(down, down_scale, E, H, I, br, bc))
-        return unsupported(c, op, "%s: expected gate_up [E, 2I, H], down [E, H, I], bf16 or f8_e4m3 with f32 scales "
+        return unsupported(c, op, "%s: expected gate_up [E, 2I, H], down [E, H, I], f32, bf16 or f8_e4m3 with f32 scales "
                            "[E, ceil(rows/%lld), ceil(cols/%lld)]",
                            shapes().c_str(), (long long)br, (long long)bc);
     const int64_t P = T * k;
     if (!run || T == 0) return XINFER_OK;
     if (P == 0 || E == 0 || I == 0) {
         XCUDA_TRY(c, cudaMemsetAsync(out.data, 0, size_t(T * H) * dtype_size(out.dtype), c->stream));
+        return XINFER_OK;
+    }
+
+    if (gate_up.dtype == XINFER_DTYPE_F32 || down.dtype == XINFER_DTYPE_F32) {
+        if (gate_up.dtype != down.dtype)
+            return unsupported(c, op, "%s: f32 experts need both gate_up and down in f32", shapes().c_str());
+        ScratchPlan plan;
+        const size_t off_act = plan.add(size_t(P * I) * 4), off_dn = plan.add(size_t(P * H) * 4);
+        if (int rc = ensure_scratch(c, plan.total)) return rc;
+        float* act = reinterpret_cast<float*>(c->scratch + off_act);
+        float* dn = reinterpret_cast<float*>(c->scratch + off_dn);
+        const auto* id_ptr = static_cast<const int32_t*>(ids.data);
+        f32_gate_up_kernel<<<unsigned(ceil_div(P * I * 32, 256)), 256, 0, c->stream>>>(
+            x.data, x.dtype, id_ptr, int(k), int(E), static_cast<const float*>(gate_up.data), P, I, H, act);
+        XCUDA_CHECK_LAUNCH(c, "f32_gate_up_kernel");
+        f32_down_kernel<<<unsigned(ceil_div(P * H * 32, 256)), 256, 0, c->stream>>>(
+            act, id_ptr, int(E), static_cast<const float*>(down.data), P, I, H, dn);
+        XCUDA_CHECK_LAUNCH(c, "f32_down_kernel");
+        combine_kernel<<<unsigned(T), 256, 0, c->stream>>>(dn, id_ptr, static_cast<const float*>(weights.data),
+                                                            int(k), int(E), H, out.data, out.dtype);
+        XCUDA_CHECK_LAUNCH(c, "combine_kernel");
         return XINFER_OK;
     }
 
