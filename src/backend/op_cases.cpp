@@ -52,8 +52,9 @@ constexpr Tolerance kMoeExperts{1e-7, 1e-6, 2e-4};
 constexpr Tolerance kRouter{1e-7, 1e-7, 1e-7};
 constexpr Tolerance kExact{0, 0, 0};
 
-// Host values above this many elements are filled on the device instead (perf shapes).
-constexpr int64_t kMaxHostValues = int64_t(1) << 22;
+// Host values above this many elements are filled on the device instead, from a repeated random
+// chunk (perf shapes; every correctness tensor is below it).
+constexpr int64_t kMaxHostValues = int64_t(1) << 24;
 
 // ---- building tensors ----------------------------------------------------------------------------
 
@@ -906,7 +907,8 @@ void PreparedCase::reset() {
             // Random values of this dtype in a chunk, copied on the device over the whole tensor.
             const int64_t chunk = std::min<int64_t>(t.numel(), int64_t(1) << 22);
             std::mt19937 rng(uint32_t(i) * 7919u + 17u);
-            const std::vector<float> values = uniform(chunk, rng, -t.bulk_random, t.bulk_random);
+            std::vector<float> values = uniform(chunk, rng, -t.bulk_random, t.bulk_random);
+            for (float& v : values) v = round_to(value_dtype(t, activation_), v);  // same numbers on both sides
             staging.emplace_back(size_t(chunk) * dtype_size(dtype));
             if (dtype == DType::i32) {
                 std::fill(staging.back().begin(), staging.back().end(), 0);

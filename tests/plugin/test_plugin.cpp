@@ -292,6 +292,17 @@ TEST(OpCases, GridsAreDeterministicAndCoverTheVariants) {
     EXPECT_TRUE(has("moe_route", "sigmoid+bias, groups"));
     EXPECT_TRUE(has("moe_route", "softmax"));
 
+    // Correctness cases carry all their values (only perf shapes are filled on the device).
+    for (const op_cases::OpCase& c : cases) {
+        const op_cases::CaseData data = c.build();
+        for (const op_cases::CaseTensor& t : data.tensors) {
+            EXPECT_EQ(t.bulk_random, 0.f) << c.description << " " << t.name;
+            if (t.access == op_cases::Access::output || t.view_of >= 0) continue;
+            EXPECT_EQ(int64_t(t.dtype == DType::i32 ? t.ints.size() : t.values.size()), t.numel())
+                << c.description << " " << t.name;
+        }
+    }
+
     // Same seed, same data.
     for (const op_cases::OpCase& c : cases) {
         if (c.op != "attention" && c.op != "sample") continue;
