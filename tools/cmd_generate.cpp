@@ -1,6 +1,7 @@
 // xinfer generate: greedy or sampled continuation of a prompt given as token ids.
 #include "commands.h"
 #include "runtime/generate.h"
+#include "runtime/profiler.h"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@ void add_generate_command(CLI::App& app) {
         ModelOptions model;
         std::string prompt_ids;
         GenerateOptions generate;
+        std::string profile;
     };
     auto options = std::make_shared<Options>();
     CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a prompt; prints {\"ids\": [...]} as one JSON line");
@@ -24,6 +26,7 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--seed", options->generate.sampling.seed)->default_val(0);
     cmd->add_option("--prefill-chunk", options->generate.prefill_chunk, "Max prompt tokens per step (0 = all)")
         ->default_val(0);
+    cmd->add_option("--profile", options->profile, "Write a Chrome trace (Perfetto) of every op to this .json file");
     cmd->callback([options] {
         const std::vector<int32_t> prompt = parse_ids(options->prompt_ids);
         LoadedModel loaded = load(options->model);
@@ -32,7 +35,14 @@ void add_generate_command(CLI::App& app) {
                                                ? options->model.max_cached_tokens
                                                : int64_t(prompt.size()) + options->generate.max_tokens + 16;
         Runner runner(*loaded.model, *loaded.backend, runner_options);
+        std::unique_ptr<Profiler> profiler;
+        if (!options->profile.empty()) profiler = std::make_unique<Profiler>(*loaded.backend);
         GenerateResult result = generate(runner, {prompt}, options->generate);
+        if (profiler) {
+            profiler->stop();
+            profiler->write_chrome_trace(options->profile);
+            fmt::print(stderr, "{}wrote {}\n", profiler->summary(), options->profile);
+        }
         nlohmann::json line;
         line["ids"] = result.tokens[0];
         line["usage"] = {{"prompt_tokens", prompt.size()}, {"completion_tokens", result.tokens[0].size()}};

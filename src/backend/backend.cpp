@@ -251,6 +251,13 @@ float Backend::event_elapsed_ms(void* start, void* end) {
     return ms;
 }
 void Backend::event_destroy(void* event) { api_->event_destroy(ctx_, event); }
+void Backend::set_layer(int layer) {
+    if (layer == layer_) return;
+    if (layer_ >= 0) range_pop();
+    if (layer >= 0) range_push(fmt::format("layer {}", layer).c_str());
+    layer_ = layer;
+}
+
 void Backend::range_push(const char* name) {
     if (api_->range_push) api_->range_push(ctx_, name);
 }

@@ -139,7 +139,9 @@ public:
     void run(const xinfer_op& op);  // throws on failure, naming the op and its shapes
     // The layer tag put on every op until changed (-1: outside decoder layers); used by the
     // profiler and in error messages.
-    void set_layer(int layer) { layer_ = layer; }
+    // Changing layers also closes/opens a named range per layer for vendor profilers (NVTX on
+    // CUDA: "layer 7" in Nsight Systems).
+    void set_layer(int layer);
     int layer() const { return layer_; }
 
     // Called after every op with its descriptor and the host time spent issuing it; install

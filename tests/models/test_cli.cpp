@@ -1,6 +1,7 @@
 // The xinfer binary end to end: generate, logits (.npy), info, and clear errors on bad input.
 #include "fixture.h"
 #include "loader/npy.h"
+#include "models/model.h"
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -52,6 +53,22 @@ TEST(Cli, LogitsWritesNpyMatchingReference) {
     ASSERT_EQ(array.shape, (std::vector<int64_t>{int64_t(f.prompt.size()), f.vocab}));
     EXPECT_LE(relative_error(array.data.data(), f.logits.data(), f.logits.size()), 1e-4);
     std::filesystem::remove(out);
+}
+
+TEST(Cli, GenerateProfileWritesChromeTrace) {
+    const Fixture f = load_fixture("mimo_hub_f32");
+    const std::filesystem::path trace = std::filesystem::temp_directory_path() / "xinfer_test_trace.json";
+    CommandResult run = run_xinfer(fmt::format("generate --model {} --prompt-ids {} --max-tokens 3 --profile {}",
+                                               f.dir.string(), join_ids(f.prompt), trace.string()));
+    ASSERT_EQ(run.status, 0) << run.output;
+    const nlohmann::json json = nlohmann::json::parse(std::ifstream(trace));
+    size_t attention_events = 0;
+    for (const auto& event : json.at("traceEvents"))
+        if (event.value("cat", "") == "op" && event.at("name").get<std::string>().starts_with("attention L"))
+            ++attention_events;
+    // 3 forward steps (prefill + 2 decodes) × one attention per layer.
+    EXPECT_EQ(attention_events, 3 * read_model_config(*Checkpoint::open(f.dir, false)).layers.size());
+    std::filesystem::remove(trace);
 }
 
 TEST(Cli, InfoPrintsPerLayerTable) {
