@@ -83,11 +83,25 @@ if [ $engine = 1 ]; then
     else
         note "SKIP  xinfer ops-test --backend cuda (not in tools/ yet)"
     fi
-    # TODO(golden): run the golden fixtures on cuda once the engine runs models through plugins,
-    #   e.g. build/bin/xinfer logits --backend cuda --fixture tests/fixtures/... compared at bf16 tolerance.
-    note "SKIP  golden fixtures on cuda (TODO: engine support)"
-    # TODO(xray): build/bin/xinfer xray --backend cuda --reference cpu on a tiny fixture, per-layer diff.
-    note "SKIP  xray cuda vs cpu (TODO: engine support)"
+    if [ -x build/bin/test_models ]; then
+        # Test binaries bake in the build machine's fixture path; point them at this checkout.
+        export XINFER_FIXTURES_DIR=$PWD/tests/fixtures
+        XINFER_TEST_DEVICE=cuda build/bin/test_models --gtest_filter='Fixtures/Golden.*' >"$OUT/golden-cuda.log" 2>&1
+        rc=$?
+        [ "$rc" = 0 ] || status=1
+        note "golden fixtures on cuda (--dtype auto): rc $rc"
+        grep -E '^\[ (logits|greedy)|FAILED  \]' "$OUT/golden-cuda.log" >>"$summary"
+    fi
+    if [ -x build/bin/xinfer ]; then
+        for fixture in mimo_hub_f32 qwen3_f32 mimo_hub_fp8; do
+            prompt=$(python3 -c "import json;print(','.join(map(str,json.load(open('tests/fixtures/$fixture/reference.json'))['prompt_ids'])))")
+            build/bin/xinfer xray --model tests/fixtures/$fixture --prompt-ids "$prompt" --a cpu --b cuda \
+                >"$OUT/xray-$fixture.log" 2>&1
+            rc=$?
+            [ "$rc" = 0 ] || status=1
+            note "xray cpu vs cuda $fixture: rc $rc: $(tail -1 "$OUT/xray-$fixture.log")"
+        done
+    fi
 fi
 
 note "# gpu-check status $status"
