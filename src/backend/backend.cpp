@@ -152,13 +152,6 @@ void Backend::add(const Tensor& x, const Tensor& y) {
     run(op);
 }
 
-void Backend::convert(const Tensor& src, const Tensor& dst) {
-    xinfer_op op = make_op(XINFER_OP_CONVERT, layer_);
-    op.src[0] = to_abi(src);
-    op.dst[0] = to_abi(dst);
-    run(op);
-}
-
 void Backend::kv_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
                        const AttentionBatch& batch) {
     xinfer_op op = make_op(XINFER_OP_KV_STORE, layer_);
@@ -218,13 +211,6 @@ void Backend::moe_experts(const Tensor& x, const Tensor& expert_ids, const Tenso
     op.src[3] = to_abi(gate_up);
     op.src[4] = to_abi(down);
     op.dst[0] = to_abi(out);
-    run(op);
-}
-
-void Backend::argmax(const Tensor& logits, const Tensor& ids) {
-    xinfer_op op = make_op(XINFER_OP_ARGMAX, layer_);
-    op.src[0] = to_abi(logits);
-    op.dst[0] = to_abi(ids);
     run(op);
 }
 

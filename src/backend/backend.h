@@ -112,8 +112,6 @@ public:
     void swiglu(const Tensor& gate_up /*[T, 2*I]*/, const Tensor& out /*[T, I]*/);
     void scale(const Tensor& x /*in place*/, float factor);
     void add(const Tensor& x /*[rows, n] in place*/, const Tensor& y /*[rows, n]*/);
-    // dst = src converted to dst.dtype (same shape).
-    void convert(const Tensor& src, const Tensor& dst);
     // Writes each new token's K/V into its slot (batch.slot_mapping).
     void kv_store(const Tensor& k /*[T, n_kv, dk]*/, const Tensor& v /*[T, n_kv, dv]*/,
                   const Tensor& k_cache /*[pages, page_size, n_kv, dk]*/, const Tensor& v_cache /*[pages, page_size, n_kv, dv]*/,
@@ -131,8 +129,6 @@ public:
     void moe_experts(const Tensor& x /*[T, H]*/, const Tensor& expert_ids /*[T, k] i32*/,
                      const Tensor& expert_weights /*[T, k] f32*/, const Tensor& gate_up /*[E, 2*I, H]*/,
                      const Tensor& down /*[E, H, I]*/, const Tensor& out /*[T, H]*/);
-    // ids[r] = argmax of logits row r (lowest index on ties).
-    void argmax(const Tensor& logits /*[R, V]*/, const Tensor& ids /*[R] i32*/);
 
     // ---- generic entry points (ops-test, tools) ---------------------------------------------
     bool supports(const xinfer_op& op);

@@ -13,10 +13,4 @@ Tensor Workspace::make(DType dtype, std::initializer_list<int64_t> dims) {
     return t;
 }
 
-size_t Workspace::bytes_reserved() const {
-    size_t total = 0;
-    for (const Buffer& b : slots_) total += b.bytes();
-    return total;
-}
-
 }  // namespace xinfer

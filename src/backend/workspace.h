@@ -16,7 +16,6 @@ public:
     explicit Workspace(Backend& backend) : backend_(backend) {}
     void reset() { next_ = 0; }
     Tensor make(DType dtype, std::initializer_list<int64_t> dims);
-    size_t bytes_reserved() const;
 
 private:
     Backend& backend_;
