@@ -2,9 +2,13 @@
 #include "commands.h"
 #include "runtime/generate.h"
 #include "runtime/profiler.h"
+#include "spec/drafter.h"
+#include "core/status.h"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
+
+#include <fstream>
 
 namespace xinfer::cli {
 
@@ -14,6 +18,8 @@ void add_generate_command(CLI::App& app) {
         std::string prompt_ids;
         GenerateOptions generate;
         std::string profile;
+        std::string speculative_config;
+        std::string spec_trace;
     };
     auto options = std::make_shared<Options>();
     CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a prompt; prints {\"ids\": [...]} as one JSON line");
@@ -27,6 +33,10 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--prefill-chunk", options->generate.prefill_chunk, "Max prompt tokens per step (0 = all)")
         ->default_val(0);
     cmd->add_option("--profile", options->profile, "Write a Chrome trace (Perfetto) of every op to this .json file");
+    cmd->add_option("--speculative-config", options->speculative_config,
+                    R"(Speculative decoding, as vLLM: '{"method":"ngram"|"mtp"|"dflash","model":DIR,"num_speculative_tokens":k}')");
+    cmd->add_option("--spec-trace", options->spec_trace,
+                    R"(Write one JSON line per speculative step, {"proposed":[...],"accepted":n}, to this file)");
     cmd->callback([options] {
         const std::vector<int32_t> prompt = parse_ids(options->prompt_ids);
         LoadedModel loaded = load(options->model);
@@ -34,6 +44,19 @@ void add_generate_command(CLI::App& app) {
         runner_options.max_cached_tokens = options->model.max_cached_tokens > 0
                                                ? options->model.max_cached_tokens
                                                : int64_t(prompt.size()) + options->generate.max_tokens + 16;
+        const SpeculativeConfig spec_config = parse_speculative_config(options->speculative_config);
+        if (!options->spec_trace.empty() && !spec_config.enabled())
+            fail("--spec-trace needs --speculative-config");
+        std::unique_ptr<Drafter> drafter;
+        if (spec_config.enabled()) {
+            const DrafterContext context{*loaded.model, *loaded.backend, options->model.model_dir,
+                                         options->model.load_format == "dummy", 1, runner_options.max_cached_tokens};
+            drafter = make_drafter(spec_config, context);
+            runner_options.feature_layers = drafter->feature_layers();
+            // Verify chains run past the last token: room for their drafts.
+            runner_options.max_cached_tokens += drafter->num_speculative_tokens();
+            options->generate.drafter = drafter.get();
+        }
         Runner runner(*loaded.model, *loaded.backend, runner_options);
         std::unique_ptr<Profiler> profiler;
         if (!options->profile.empty()) profiler = std::make_unique<Profiler>(*loaded.backend);
@@ -46,6 +69,21 @@ void add_generate_command(CLI::App& app) {
         nlohmann::json line;
         line["ids"] = result.tokens[0];
         line["usage"] = {{"prompt_tokens", prompt.size()}, {"completion_tokens", result.tokens[0].size()}};
+        if (drafter) {
+            const SpecCounters& spec = result.spec;
+            line["spec_decode"] = {{"method", drafter->method()},
+                                   {"num_drafts", spec.num_drafts},
+                                   {"num_draft_tokens", spec.num_draft_tokens},
+                                   {"num_accepted_tokens", spec.num_accepted_tokens},
+                                   {"accepted_per_position", spec.accepted_per_position},
+                                   {"mean_acceptance_length", spec.mean_acceptance_length()}};
+        }
+        if (!options->spec_trace.empty()) {
+            std::ofstream trace(options->spec_trace);
+            if (!trace) fail("--spec-trace: cannot write {}", options->spec_trace);
+            for (const SpecStep& step : result.spec_steps[0])
+                trace << nlohmann::json{{"proposed", step.proposed}, {"accepted", step.accepted}}.dump() << "\n";
+        }
         fmt::print("{}\n", line.dump());
     });
 }

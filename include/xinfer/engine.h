@@ -35,7 +35,28 @@ struct EngineOptions {
     int64_t kv_cache_tokens = 0;   // > 0: pool holds this many tokens per layer group (overrides kv_cache_memory)
     int min_tokens_per_page = 16;
     bool enable_prefix_caching = false;
-    std::string speculative_config;  // reserved in the plan only (see `xinfer plan`)
+    // vLLM's --speculative-config JSON: {"method": "dflash"|"mtp"|"ngram", "model": DIR,
+    // "num_speculative_tokens": k, "prompt_lookup_min"/"prompt_lookup_max"}. Empty: none.
+    std::string speculative_config;
+};
+
+// Speculative decoding counters (vLLM's spec_decode_* metrics): a draft is one verified chain.
+struct SpecCounters {
+    int64_t num_drafts = 0;
+    int64_t num_draft_tokens = 0;
+    int64_t num_accepted_tokens = 0;
+    std::vector<int64_t> accepted_per_position;  // [k]: drafts whose token at position i was accepted
+    // Mean tokens emitted per verify step (accepted drafts + the target's token).
+    double mean_acceptance_length() const {
+        return num_drafts ? 1.0 + double(num_accepted_tokens) / double(num_drafts) : 0.0;
+    }
+    void add(const std::vector<int32_t>& proposed, int accepted) {
+        ++num_drafts;
+        num_draft_tokens += int64_t(proposed.size());
+        num_accepted_tokens += accepted;
+        if (accepted_per_position.size() < proposed.size()) accepted_per_position.resize(proposed.size(), 0);
+        for (int i = 0; i < accepted; ++i) ++accepted_per_position[size_t(i)];
+    }
 };
 
 // One request's news from a step: tokens sampled this step and, when finished, why.
@@ -50,6 +71,11 @@ struct RequestOutput {
     int preemptions = 0;
     double time_to_first_token_s = -1;  // since submit; -1 before the first token
     double elapsed_s = 0;               // since submit
+    // Speculative decoding in this step: the drafts verified and how many were accepted
+    // (proposed empty and accepted -1 when this step verified none); totals so far.
+    std::vector<int32_t> proposed;
+    int accepted = -1;
+    SpecCounters spec;
 };
 
 using StreamCallback = std::function<void(const RequestOutput&)>;
@@ -64,6 +90,8 @@ struct EngineStats {
     int64_t kv_pages_total = 0;
     int64_t kv_pages_free = 0;  // free or evictable
     int64_t max_model_len = 0;
+    std::string spec_method;  // empty without speculation
+    SpecCounters spec;
 };
 
 class Engine {

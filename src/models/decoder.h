@@ -40,6 +40,8 @@ public:
     void forward(const ForwardBatch& batch, const Tensor& logits) override;
     std::map<DType, uint64_t> weight_bytes() const override;
     uint64_t weight_bytes_per_decode_token() const override;
+    const Tensor& token_embedding() const override { return embed_tokens_; }
+    const Tensor& lm_head() const override { return lm_head_; }
 
 private:
     void load_weights(Checkpoint& checkpoint);

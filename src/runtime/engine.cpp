@@ -3,6 +3,7 @@
 
 #include "core/status.h"
 #include "runtime/memory_plan.h"
+#include "spec/verify.h"
 
 #include <chrono>
 
@@ -22,6 +23,7 @@ RequestOutput output_of(const Request& r, std::chrono::steady_clock::time_point 
     out.cached_prompt_tokens = r.cached_prompt;
     out.generated_tokens = r.n_generated();
     out.preemptions = r.n_preemptions;
+    out.spec = r.spec;
     if (r.n_generated() > 0) out.time_to_first_token_s = seconds_between(r.arrival, r.first_token);
     out.elapsed_s = seconds_between(r.arrival, now);
     return out;
@@ -29,7 +31,9 @@ RequestOutput output_of(const Request& r, std::chrono::steady_clock::time_point 
 
 }  // namespace
 
-Engine::Impl::Impl(Runner& runner_, SchedulerOptions options) : runner(&runner_), scheduler_options(options) {
+Engine::Impl::Impl(Runner& runner_, SchedulerOptions options, Drafter* drafter_)
+    : runner(&runner_), drafter(drafter_), scheduler_options(options) {
+    if (drafter) scheduler_options.num_lookahead_tokens = drafter->num_speculative_tokens();
     const KvCacheManager& kv = runner->kv();
     const int64_t longest = max_sequence_tokens(kv.layout(), kv.n_pages(), options.max_num_batched_tokens);
     if (scheduler_options.max_model_len <= 0) scheduler_options.max_model_len = longest;
@@ -53,8 +57,44 @@ void Engine::Impl::drain_inbox() {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-std::unique_ptr<Engine> make_engine(Runner& runner, SchedulerOptions options) {
-    return std::make_unique<Engine>(std::make_unique<Engine::Impl>(runner, options));
+std::unique_ptr<Engine> make_engine(Runner& runner, SchedulerOptions options, Drafter* drafter) {
+    return std::make_unique<Engine>(std::make_unique<Engine::Impl>(runner, options, drafter));
+}
+
+std::vector<std::vector<int32_t>> Engine::Impl::propose(const std::vector<ScheduledChunk>& plan) {
+    std::vector<std::vector<int32_t>> drafts(plan.size());
+    if (!drafter) return drafts;
+    std::vector<DraftRequest> requests;
+    std::vector<size_t> chunk_of;
+    for (size_t i = 0; i < plan.size(); ++i) {
+        if (plan[i].lookahead <= 0) continue;
+        requests.push_back({int(plan[i].request->id), plan[i].request->tokens, plan[i].lookahead});
+        chunk_of.push_back(i);
+    }
+    if (requests.empty()) return drafts;
+    std::vector<std::vector<int32_t>> proposed = drafter->propose(requests);
+    XINFER_CHECK(proposed.size() == requests.size(), "drafter {} returned {} proposals for {} requests",
+                 drafter->method(), proposed.size(), requests.size());
+    const int64_t vocab = runner->model().config().vocab_size;
+    for (size_t j = 0; j < requests.size(); ++j) {
+        std::vector<int32_t>& d = proposed[j];
+        if (int(d.size()) > requests[j].max_drafts) d.resize(size_t(requests[j].max_drafts));
+        for (int32_t token : d)
+            XINFER_CHECK(token >= 0 && token < vocab, "drafter {} proposed token {} outside the vocabulary [0, {})",
+                         drafter->method(), token, vocab);
+        drafts[chunk_of[j]] = std::move(d);
+    }
+    return drafts;
+}
+
+void Engine::Impl::observe(const std::vector<ScheduledChunk>& plan, const std::vector<int64_t>& first_rows) {
+    TargetHidden hidden;
+    hidden.features = runner->features();
+    for (size_t i = 0; i < plan.size(); ++i) {
+        const ScheduledChunk& c = plan[i];
+        if (c.count > 0) hidden.sequences.push_back({int(c.request->id), first_rows[i], c.start, c.count, c.request->tokens});
+    }
+    drafter->observe(hidden);
 }
 
 uint64_t Engine::submit(std::vector<int32_t> prompt, const SamplingParams& sampling, int max_tokens,
@@ -83,6 +123,7 @@ bool Engine::abort(uint64_t id) {
     impl_->drain_inbox();  // a request submitted a moment ago is abortable too
     std::unique_ptr<Request> request = impl_->scheduler->abort(id);  // frees its pages now
     if (!request) return false;
+    if (impl_->drafter) impl_->drafter->release(int(id));
     RequestOutput out = output_of(*request, std::chrono::steady_clock::now());
     if (request->callback) request->callback(out);
     impl_->pending.push_back(std::move(out));
@@ -95,37 +136,81 @@ std::vector<RequestOutput> Engine::step() {
     e.drain_inbox();
     std::vector<RequestOutput> outputs;
     outputs.swap(e.pending);
-    const std::vector<ScheduledChunk> plan = e.scheduler->schedule();
+    std::vector<ScheduledChunk> plan = e.scheduler->schedule();
+    if (e.drafter)
+        for (uint64_t id : e.scheduler->take_preempted()) e.drafter->release(int(id));
     if (plan.empty()) return outputs;
 
+    // A decode with drafts verifies the chain [anchor, d1 … dk] and needs logits for every row.
+    const std::vector<std::vector<int32_t>> drafts = e.propose(plan);
+    std::vector<std::vector<int32_t>> chains(plan.size());
     std::vector<SequenceChunk> chunks;
+    std::vector<int64_t> first_rows;  // token row of each chunk in the forward
     chunks.reserve(plan.size());
-    for (const ScheduledChunk& c : plan)
-        chunks.push_back({int(c.request->id), c.start,
-                          std::span<const int32_t>(c.request->tokens).subspan(size_t(c.start), size_t(c.count)), false});
+    int64_t rows = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+        const ScheduledChunk& c = plan[i];
+        std::span<const int32_t> tokens = std::span<const int32_t>(c.request->tokens).subspan(size_t(c.start), size_t(c.count));
+        if (!drafts[i].empty()) {
+            chains[i].assign(tokens.begin(), tokens.end());
+            chains[i].insert(chains[i].end(), drafts[i].begin(), drafts[i].end());
+            tokens = chains[i];
+        }
+        chunks.push_back({int(c.request->id), c.start, tokens, !drafts[i].empty()});
+        first_rows.push_back(rows);
+        rows += int64_t(tokens.size());
+    }
     const std::vector<float> logits = e.runner->forward(chunks);
     ++e.steps;
 
-    // One logits row per chunk; only chunks that reach the end of their known tokens sample.
-    const size_t vocab = size_t(e.runner->model().config().vocab_size);
+    // Logits rows: a chain's k + 1 rows, else one per chunk; only chunks that reach the end of
+    // their known tokens sample (or verify).
+    const int64_t vocab = e.runner->model().config().vocab_size;
     const auto now = std::chrono::steady_clock::now();
-    std::vector<int32_t> sampled(plan.size(), -1);
+    std::vector<std::vector<int32_t>> emitted(plan.size());
+    std::vector<int> accepted(plan.size(), -1);
+    size_t logits_row = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
+        const size_t n_rows = drafts[i].size() + 1;
+        const std::span<const float> chunk_logits =
+            std::span(logits).subspan(logits_row * size_t(vocab), n_rows * size_t(vocab));
+        logits_row += n_rows;
         if (!plan[i].samples) continue;
         Request& r = *plan[i].request;
-        sampled[i] = r.sampler.sample(std::span(logits).subspan(i * vocab, vocab));
-        r.tokens.push_back(sampled[i]);
-        if (r.n_generated() == 1) r.first_token = now;
+        if (drafts[i].empty()) {
+            emitted[i] = {r.sampler.sample(chunk_logits)};
+        } else {
+            const Verdict verdict = verify_drafts(chunk_logits, vocab, drafts[i], r.sampler);
+            accepted[i] = verdict.accepted;
+            emitted[i].assign(drafts[i].begin(), drafts[i].begin() + verdict.accepted);
+            emitted[i].push_back(verdict.next_token);
+            r.spec.add(drafts[i], verdict.accepted);
+            e.spec.add(drafts[i], verdict.accepted);
+        }
+        // Stop ids, max_tokens and max_model_len may end the request inside the chain.
+        size_t kept = 0;
+        while (kept < emitted[i].size() && r.append_generated(emitted[i][kept], e.scheduler_options.max_model_len)) ++kept;
+        emitted[i].resize(std::min(emitted[i].size(), kept + 1));
+        // K/V are final for the anchor and the accepted drafts that stayed in the sequence.
+        plan[i].count = std::min<int64_t>(plan[i].count + int64_t(emitted[i].size()) - 1, r.n_tokens() - plan[i].start);
+        if (r.n_generated() == int64_t(emitted[i].size())) r.first_token = now;
         r.last_token = now;
     }
-    // complete() commits the computed tokens, decides stop/length, and hands back finished
-    // requests (kept alive here until their outputs are built).
+    if (e.drafter) e.observe(plan, first_rows);
+    // complete() commits the computed tokens, rolls back rejected drafts' slots, and hands back
+    // finished requests (kept alive here until their outputs are built).
     const std::vector<std::unique_ptr<Request>> finished = e.scheduler->complete(plan);
+    if (e.drafter)
+        for (const std::unique_ptr<Request>& r : finished) e.drafter->release(int(r->id));
     for (size_t i = 0; i < plan.size(); ++i) {
-        if (sampled[i] < 0) continue;
+        if (emitted[i].empty()) continue;
         const Request& r = *plan[i].request;
         RequestOutput out = output_of(r, now);
-        out.new_tokens.push_back(sampled[i]);
+        out.new_tokens = emitted[i];
+        if (accepted[i] >= 0) {
+            out.proposed = drafts[i];
+            out.accepted = accepted[i];
+        }
         if (r.callback) r.callback(out);
         outputs.push_back(std::move(out));
     }
@@ -158,6 +243,8 @@ EngineStats Engine::stats() const {
     s.kv_pages_total = kv.n_pages();
     s.kv_pages_free = kv.free_pages();
     s.max_model_len = impl_->scheduler_options.max_model_len;
+    if (impl_->drafter) s.spec_method = impl_->drafter->method();
+    s.spec = impl_->spec;
     return s;
 }
 

@@ -71,7 +71,15 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     load_options.dtype = options.dtype;
     auto model = load_model(*checkpoint, *backend, load_options);
 
+    // The drafter (if any) borrows the loaded target; the runner exports the features it reads.
+    const SpeculativeConfig spec_config = parse_speculative_config(options.speculative_config);
+    std::unique_ptr<Drafter> drafter;
+    if (spec_config.enabled())
+        drafter = make_drafter(spec_config, DrafterContext{*model, *backend, options.model_dir, dummy,
+                                                           options.max_num_seqs, plan.max_model_len});
+
     RunnerOptions runner_options;
+    if (drafter) runner_options.feature_layers = drafter->feature_layers();
     runner_options.page_size = options.min_tokens_per_page;
     runner_options.n_pages = plan.n_pages;
     runner_options.kv_cache_dtype = options.kv_cache_dtype;
@@ -82,11 +90,12 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     scheduler_options.max_num_seqs = options.max_num_seqs;
     scheduler_options.max_num_batched_tokens = options.max_num_batched_tokens;
     scheduler_options.max_model_len = plan.max_model_len;
-    auto impl = std::make_unique<Impl>(*runner, scheduler_options);
+    auto impl = std::make_unique<Impl>(*runner, scheduler_options, drafter.get());
     impl->backend = std::move(backend);
     impl->checkpoint = std::move(checkpoint);
     impl->model = std::move(model);
     impl->owned_runner = std::move(runner);
+    impl->owned_drafter = std::move(drafter);
     impl->plan_report = plan.report();
     return std::make_unique<Engine>(std::move(impl));
 }

@@ -4,6 +4,7 @@
 
 #include "runtime/runner.h"
 #include "runtime/scheduler.h"
+#include "spec/drafter.h"
 #include "xinfer/engine.h"
 
 #include <atomic>
@@ -19,8 +20,10 @@ struct Engine::Impl {
     std::unique_ptr<Checkpoint> checkpoint;
     std::unique_ptr<Model> model;
     std::unique_ptr<Runner> owned_runner;
+    std::unique_ptr<Drafter> owned_drafter;
 
     Runner* runner = nullptr;
+    Drafter* drafter = nullptr;  // speculative decoding when set
     SchedulerOptions scheduler_options;
     std::unique_ptr<Scheduler> scheduler;
     std::string plan_report;
@@ -28,17 +31,23 @@ struct Engine::Impl {
     mutable std::mutex mutex;  // scheduler, runner, pending, steps: held by step() and abort()
     std::vector<RequestOutput> pending;  // abort events, returned by the next step()
     int64_t steps = 0;
+    SpecCounters spec;
 
     mutable std::mutex inbox_mutex;  // submit() only takes this one, so it never waits for a step
     std::vector<std::unique_ptr<Request>> inbox;
     std::atomic<uint64_t> next_id{1};
 
-    Impl(Runner& runner, SchedulerOptions options);
+    Impl(Runner& runner, SchedulerOptions options, Drafter* drafter);
     void drain_inbox();  // with `mutex` held
+    // The drafts of each chunk of a step (empty where none), proposed for decodes with lookahead.
+    std::vector<std::vector<int32_t>> propose(const std::vector<ScheduledChunk>& plan);
+    // Hands the drafter the hidden states of every chunk's committed rows.
+    void observe(const std::vector<ScheduledChunk>& plan, const std::vector<int64_t>& first_rows);
 };
 
 // An engine over a Runner the caller owns (it must outlive the engine). max_model_len 0: the
-// longest sequence the runner's pool holds alone; larger than that is an error.
-std::unique_ptr<Engine> make_engine(Runner& runner, SchedulerOptions options);
+// longest sequence the runner's pool holds alone; larger than that is an error. With a drafter
+// (caller-owned too) decodes speculate: the runner must export drafter->feature_layers().
+std::unique_ptr<Engine> make_engine(Runner& runner, SchedulerOptions options, Drafter* drafter = nullptr);
 
 }  // namespace xinfer

@@ -21,6 +21,7 @@ GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>&
     const size_t n = prompts.size();
     GenerateResult result;
     result.tokens.resize(n);
+    result.spec_steps.resize(n);
     if (n == 0 || options.max_tokens <= 0) return result;
     // One engine over the caller's runner: every prompt is admitted at once (max_num_seqs = n);
     // prefill_chunk bounds the tokens of a step (0: all prompts in one step).
@@ -28,8 +29,11 @@ GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>&
     scheduler.max_num_seqs = int(n);
     int64_t all_prompts = 0;
     for (const std::vector<int32_t>& p : prompts) all_prompts += int64_t(p.size());
-    scheduler.max_num_batched_tokens = options.prefill_chunk > 0 ? options.prefill_chunk : std::max<int64_t>(all_prompts, 1);
-    std::unique_ptr<Engine> engine = make_engine(runner, scheduler);
+    // Room for every sequence's verify chain too when speculating.
+    const int64_t chains = int64_t(n) * (1 + (options.drafter ? options.drafter->num_speculative_tokens() : 0));
+    scheduler.max_num_batched_tokens =
+        options.prefill_chunk > 0 ? options.prefill_chunk : std::max<int64_t>({all_prompts, chains, 1});
+    std::unique_ptr<Engine> engine = make_engine(runner, scheduler, options.drafter);
     std::vector<uint64_t> ids;
     for (size_t i = 0; i < n; ++i) {
         XINFER_CHECK(!prompts[i].empty(), "prompt {} is empty", i);
@@ -46,6 +50,7 @@ GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>&
             const size_t i = size_t(std::find(ids.begin(), ids.end(), out.id) - ids.begin());
             if (out.generated_tokens == int64_t(out.new_tokens.size())) ++first_tokens;
             result.tokens[i].insert(result.tokens[i].end(), out.new_tokens.begin(), out.new_tokens.end());
+            if (out.accepted >= 0) result.spec_steps[i].push_back({out.proposed, out.accepted});
         }
         if (decoding) ++result.decode_steps;
         if (!decoding && first_tokens == n) {
@@ -55,6 +60,7 @@ GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>&
         }
     }
     result.decode_seconds = decoding ? seconds_since(start) : 0;
+    result.spec = engine->stats().spec;
     return result;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "runtime/runner.h"
+#include "xinfer/engine.h"
 #include "xinfer/sampling_params.h"
 
 #include <vector>
@@ -15,6 +16,13 @@ struct GenerateOptions {
     SamplingParams sampling;          // sequence i uses seed sampling.seed + i
     int64_t prefill_chunk = 0;        // 0: each prompt in one piece; else at most this many tokens per step
     std::vector<int32_t> stop_ids;    // generation of a sequence ends after emitting one of these
+    Drafter* drafter = nullptr;       // speculative decoding (the runner must export its feature_layers)
+};
+
+// One verify step of one sequence: the drafts and how many the target accepted.
+struct SpecStep {
+    std::vector<int32_t> proposed;
+    int accepted = 0;
 };
 
 struct GenerateResult {
@@ -22,6 +30,8 @@ struct GenerateResult {
     double prefill_seconds = 0;
     double decode_seconds = 0;
     int64_t decode_steps = 0;
+    std::vector<std::vector<SpecStep>> spec_steps;  // per prompt, in order
+    SpecCounters spec;                              // totals over all prompts
 };
 
 GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& options);

@@ -115,32 +115,6 @@ int64_t largest(int64_t lo, int64_t hi, Ok ok) {
 
 }  // namespace
 
-SpeculativePlan parse_speculative_config(const std::string& text) {
-    SpeculativePlan plan;
-    if (text.empty()) return plan;
-    nlohmann::json json;
-    try {
-        json = nlohmann::json::parse(text);
-    } catch (const std::exception& e) {
-        fail("--speculative-config: not valid JSON ({}): {}", e.what(), text);
-    }
-    if (!json.is_object()) fail("--speculative-config: expected a JSON object, got {}", json.type_name());
-    for (const auto& [key, value] : json.items()) {
-        if (key == "method") {
-            plan.method = value.get<std::string>();
-        } else if (key == "num_speculative_tokens") {
-            plan.num_speculative_tokens = value.get<int>();
-        } else if (key != "model") {  // a drafter path (dflash) is accepted and not planned yet
-            fail("--speculative-config: unknown field \"{}\" (expected method, num_speculative_tokens, model)", key);
-        }
-    }
-    if (plan.method != "mtp" && plan.method != "dflash" && plan.method != "ngram")
-        fail("--speculative-config: unknown method \"{}\" (expected mtp, dflash or ngram)", plan.method);
-    if (plan.num_speculative_tokens < 1 || plan.num_speculative_tokens > 32)
-        fail("--speculative-config: num_speculative_tokens must be 1..32, got {}", plan.num_speculative_tokens);
-    return plan;
-}
-
 int64_t max_pages_per_sequence(const KvLayout& layout, int64_t n_tokens, int64_t chunk) {
     int64_t pages = 0;
     for (size_t g = 0; g < layout.groups.size(); ++g) {
@@ -224,7 +198,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const PlanOptions& options) {
 
     // Speculation: verification rows count against max_num_batched_tokens (no extra
     // activations) but every sequence may ask for 1 + k logits rows; MTP adds its blocks.
-    const SpeculativePlan spec = parse_speculative_config(options.speculative_config);
+    const SpeculativeConfig spec = parse_speculative_config(options.speculative_config);
     const int64_t logit_rows = int64_t(S) * (1 + spec.num_speculative_tokens);
     if (spec.method == "mtp") {
         // Each MTP block is a sliding-window attention layer plus a dense MLP (research/mimo_v2_flash.md §5).

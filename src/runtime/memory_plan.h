@@ -10,6 +10,7 @@
 #pragma once
 
 #include "kv/kv_layout.h"
+#include "spec/speculative_config.h"
 #include "models/model.h"
 
 #include <cstdint>
@@ -33,12 +34,6 @@ struct PlanOptions {
     int64_t kv_cache_memory = 0;  // > 0: the KV pool is exactly this many bytes (override)
 };
 
-// A parsed --speculative-config: {"method": "mtp"|"dflash"|"ngram", "num_speculative_tokens": k}.
-struct SpeculativePlan {
-    std::string method;  // empty: no speculation
-    int num_speculative_tokens = 0;
-};
-SpeculativePlan parse_speculative_config(const std::string& json);  // throws on unknown methods/fields
 
 struct WeightLine {
     DType dtype;

@@ -5,6 +5,7 @@
 #include "xinfer/engine.h"
 #include "xinfer/sampling_params.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -29,12 +30,23 @@ struct Request {
     int64_t computed = 0;         // tokens whose K/V are in the cache
     int64_t cached_prompt = 0;    // prompt tokens reused from the prefix cache at first admission
     int n_preemptions = 0;
+    SpecCounters spec;  // speculative decoding totals
     FinishReason finish = FinishReason::none;
     Sampler sampler;
 
     StreamCallback callback;  // may be empty
 
     std::chrono::steady_clock::time_point arrival, first_token, last_token;
+
+    // Appends a generated token and decides whether it ends the request: a stop id, max_tokens,
+    // or max_model_len (0: no limit). Returns false once the request is finished.
+    bool append_generated(int32_t token, int64_t max_model_len) {
+        tokens.push_back(token);
+        if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) finish = FinishReason::stop;
+        else if (n_generated() >= max_tokens) finish = FinishReason::length;
+        else if (max_model_len > 0 && n_tokens() >= max_model_len) finish = FinishReason::length;
+        return !finished();
+    }
 
     int64_t n_tokens() const { return int64_t(tokens.size()); }
     int64_t n_generated() const { return n_tokens() - prompt_len; }

@@ -42,7 +42,14 @@ DType resolve_kv_cache_dtype(const std::string& name, DType activation) {
 }
 
 Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
-    : model_(model), backend_(backend), workspace_(backend), kv_(make_manager(model, options)) {
+    : model_(model),
+      backend_(backend),
+      workspace_(backend),
+      kv_(make_manager(model, options)),
+      feature_layers_(options.feature_layers) {
+    for (int layer : feature_layers_)
+        XINFER_CHECK(layer == kFinalNormFeature || (layer >= 0 && layer < int(model.config().layers.size())),
+                     "feature layer {} outside the target's {} layers", layer, model.config().layers.size());
     const KvLayout& layout = kv_.layout();
     pool_ = backend.alloc(size_t(kv_.n_pages() * layout.page_bytes));
     const size_t n_layers = model.config().layers.size();
@@ -137,15 +144,54 @@ std::vector<float> Runner::forward(std::span<const SequenceChunk> chunks, const 
     }
     batch.layer_group = layer_group_;
     batch.caches = caches_;
-    batch.tap = tap;
+    batch.tap = feature_layers_.empty() ? tap : exporting_tap(n_tokens, tap);
 
     const int64_t vocab = model_.config().vocab_size;
     Tensor logits = workspace_.make(DType::f32, {n_out, vocab});
     model_.forward(batch, logits);
+    if (!feature_layers_.empty()) gather_features(n_tokens);
     std::vector<float> host(size_t(logits.numel()));
     backend_.download(logits, host.data());
     backend_.synchronize();
     return host;
+}
+
+// Each exported layer's output is copied, as the forward reaches it, into a layer-major staging
+// tensor [n_features, n_tokens, hidden]; gather_features() then interleaves it into the
+// token-major [n_tokens, n_features * hidden] with one row gather (the embedding op).
+TapFn Runner::exporting_tap(int64_t n_tokens, const TapFn& user_tap) {
+    const int64_t hidden = model_.config().hidden_size, n_features = int64_t(feature_layers_.size());
+    feature_staging_ = workspace_.make(model_.activation_dtype(), {n_features * n_tokens, hidden});
+    return [this, n_tokens, hidden, user_tap](std::string_view name, int layer, const Tensor& value) {
+        if (user_tap) user_tap(name, layer, value);
+        const bool final_norm = name == "final_norm";
+        if (!final_norm && name != "residual") return;
+        for (size_t i = 0; i < feature_layers_.size(); ++i) {
+            if (final_norm ? feature_layers_[i] != kFinalNormFeature : feature_layers_[i] != layer) continue;
+            char* base = static_cast<char*>(feature_staging_.data);
+            const Tensor slot(base + int64_t(i) * n_tokens * hidden * int64_t(dtype_size(value.dtype)), value.dtype,
+                              {n_tokens, hidden});
+            backend_.copy(slot, value);
+        }
+    };
+}
+
+void Runner::gather_features(int64_t n_tokens) {
+    const int64_t hidden = model_.config().hidden_size, n_features = int64_t(feature_layers_.size());
+    if (n_features == 1) {
+        features_ = feature_staging_;
+        return;
+    }
+    // Token t's feature i is staging row i·n_tokens + t; it goes to output row t·n_features + i.
+    std::vector<int32_t> rows(size_t(n_tokens * n_features));
+    for (int64_t t = 0; t < n_tokens; ++t)
+        for (int64_t i = 0; i < n_features; ++i) rows[size_t(t * n_features + i)] = int32_t(i * n_tokens + t);
+    Tensor ids = workspace_.make(DType::i32, {n_tokens * n_features});
+    feature_rows_ = std::move(rows);  // the upload is stream-ordered: keep the host copy alive
+    backend_.upload(ids, feature_rows_.data());
+    Tensor gathered = workspace_.make(feature_staging_.dtype, {n_tokens * n_features, hidden});
+    backend_.embedding(feature_staging_, ids, gathered);
+    features_ = gathered.reshape({n_tokens, n_features * hidden});
 }
 
 std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const TapFn& tap) {

@@ -14,6 +14,7 @@
 #include "backend/workspace.h"
 #include "kv/kv_cache_manager.h"
 #include "models/model.h"
+#include "spec/drafter.h"
 
 #include <span>
 #include <string>
@@ -41,6 +42,9 @@ struct RunnerOptions {
     // implements fp8 caches yet).
     std::string kv_cache_dtype = "auto";
     bool enable_prefix_caching = false;
+    // Hidden states every forward exports for a drafter (Drafter::feature_layers(): decoder
+    // layer outputs, kFinalNormFeature for the final-normed state). Empty: none.
+    std::vector<int> feature_layers;
 };
 
 // The model's layer groups as make_kv_layout shapes (same order as kv_groups_for()).
@@ -66,8 +70,14 @@ public:
     Model& model() { return model_; }
     Backend& backend() { return backend_; }
     size_t pool_bytes() const { return pool_.bytes(); }
+    // [n_tokens of the last forward, n_features * hidden] (activation dtype, on the backend): the
+    // feature_layers' outputs per token row, concatenated in order. Valid until the next forward.
+    const Tensor& features() const { return features_; }
 
 private:
+    TapFn exporting_tap(int64_t n_tokens, const TapFn& user_tap);
+    void gather_features(int64_t n_tokens);
+
     Model& model_;
     Backend& backend_;
     Workspace workspace_;  // step metadata and logits
@@ -75,6 +85,10 @@ private:
     Buffer pool_;                     // [n_pages, page_bytes]
     std::vector<LayerCache> caches_;  // [n_layers] views into pool_
     std::vector<int> layer_group_;    // [n_layers]
+    std::vector<int> feature_layers_;
+    Tensor feature_staging_;             // [n_features * n_tokens, hidden] layer-major
+    Tensor features_;                    // [n_tokens, n_features * hidden]
+    std::vector<int32_t> feature_rows_;  // host copy of the gather indices of the last forward
     std::unordered_map<int, std::vector<int32_t>> step_tokens_;  // step() sequences' tokens so far
 };
 

@@ -54,6 +54,7 @@ void Scheduler::preempt(size_t running_index) {
     victim->computed = 0;
     ++victim->n_preemptions;
     ++n_preemptions_;
+    preempted_.push_back(victim->id);
     waiting_.push_front(std::move(victim));
 }
 
@@ -65,6 +66,14 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     for (size_t i = 0; i < running_.size() && budget > 0;) {
         Request& r = *running_[i];
         const int64_t count = std::min(r.n_tokens() - r.computed, budget);
+        // A decode may also verify drafts: reserve their slots when budget, length and pages allow.
+        int lookahead = 0;
+        if (count == 1 && r.n_generated() > 0 && options_.num_lookahead_tokens > 0) {
+            int64_t room = std::min<int64_t>(options_.num_lookahead_tokens, budget - 1);
+            if (options_.max_model_len > 0) room = std::min(room, options_.max_model_len - r.n_tokens() - 1);
+            room = std::min<int64_t>(room, r.max_tokens - r.n_generated() - 1);
+            if (room > 0 && kv_.allocate(int(r.id), r.computed + count + room)) lookahead = int(room);
+        }
         bool preempted_self = false;
         while (!kv_.allocate(int(r.id), r.computed + count)) {
             if (i + 1 == running_.size()) {  // r is the newest: it yields
@@ -75,8 +84,8 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
             preempt(running_.size() - 1);
         }
         if (preempted_self) break;
-        plan.push_back({&r, r.computed, count, r.computed + count == r.n_tokens()});
-        budget -= count;
+        plan.push_back({&r, r.computed, count, r.computed + count == r.n_tokens(), lookahead});
+        budget -= count + lookahead;
         ++i;
     }
 
@@ -109,13 +118,8 @@ std::vector<std::unique_ptr<Request>> Scheduler::complete(const std::vector<Sche
         Request& r = *chunk.request;
         r.computed = chunk.start + chunk.count;
         kv_.commit(int(r.id), r.tokens, r.computed);
-        if (r.finished()) continue;
-        if (chunk.samples) {
-            const int32_t last = r.tokens.back();
-            if (std::find(r.stop_ids.begin(), r.stop_ids.end(), last) != r.stop_ids.end()) r.finish = FinishReason::stop;
-            else if (r.n_generated() >= r.max_tokens) r.finish = FinishReason::length;
-            else if (options_.max_model_len > 0 && r.n_tokens() >= options_.max_model_len) r.finish = FinishReason::length;
-        }
+        // Rejected drafts' slots: speculative rollback to the committed length.
+        if (kv_.allocated_tokens(int(r.id)) > r.computed) kv_.truncate(int(r.id), r.computed);
     }
     std::vector<std::unique_ptr<Request>> finished;
     for (size_t i = 0; i < running_.size();) {

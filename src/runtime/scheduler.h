@@ -16,6 +16,7 @@
 
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace xinfer {
@@ -24,6 +25,9 @@ struct SchedulerOptions {
     int max_num_seqs = 64;
     int64_t max_num_batched_tokens = 2048;
     int64_t max_model_len = 0;  // prompt + generated limit per request
+    // Speculative decoding: KV slots and token budget reserved per decoding request for drafts
+    // (verified in the same forward as the decode token). 0: no speculation.
+    int num_lookahead_tokens = 0;
 };
 
 // One request's part of a step: tokens [start, start + count) of request->all tokens.
@@ -32,6 +36,7 @@ struct ScheduledChunk {
     int64_t start = 0;
     int64_t count = 0;
     bool samples = false;  // the chunk reaches the end of the known tokens: sample the next one
+    int lookahead = 0;     // a decode with room (KV slots and budget) for this many drafts after count
 };
 
 class Scheduler {
@@ -44,9 +49,12 @@ public:
 
     // Plans the next step. Empty when there is nothing to do.
     std::vector<ScheduledChunk> schedule();
-    // After the step ran: commits computed tokens to the KV manager, and moves finished
-    // requests out (returned to the caller).
+    // After the step ran, with each chunk's count set to the tokens whose K/V are now final
+    // (a verify chunk: the anchor plus the accepted drafts): commits them, rolls back KV slots
+    // reserved beyond them, and moves finished requests out (returned to the caller).
     std::vector<std::unique_ptr<Request>> complete(const std::vector<ScheduledChunk>& step);
+    // Ids of requests preempted since the last call (their drafter state is stale).
+    std::vector<uint64_t> take_preempted() { return std::exchange(preempted_, {}); }
 
     bool idle() const { return waiting_.empty() && running_.empty(); }
     size_t n_waiting() const { return waiting_.size(); }
@@ -61,6 +69,7 @@ private:
     std::deque<std::unique_ptr<Request>> waiting_;
     std::vector<std::unique_ptr<Request>> running_;  // in admission order
     int64_t n_preemptions_ = 0;
+    std::vector<uint64_t> preempted_;
 };
 
 }  // namespace xinfer

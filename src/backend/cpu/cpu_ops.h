@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace xinfer::cpu {
 
@@ -42,6 +43,10 @@ int32_t argmax_row(const float* logits, int64_t vocab);
 // index), keep top_k (0 = all), softmax at temperature, keep the smallest prefix with mass ≥
 // top_p, and pick where uniform·(kept mass) falls in the cumulative sum.
 int32_t sample_row(const float* logits, int64_t vocab, float temperature, float top_p, int top_k, float uniform);
+// The distribution sample_row draws from when temperature > 0: candidate ids in its order and
+// their probabilities (summing to 1). Speculative verification needs it whole.
+void sampling_distribution(const float* logits, int64_t vocab, float temperature, float top_p, int top_k,
+                           std::vector<int32_t>& ids, std::vector<double>& probs);
 void convert(const Tensor& src, const Tensor& dst);
 // SAMPLE: one row each with its own temperature / top-p / top-k, drawing with `uniform`.
 void sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_p, const Tensor& top_k,

@@ -14,21 +14,21 @@ int32_t argmax_row(const float* logits, int64_t vocab) {
     return int32_t(std::max_element(logits, logits + vocab) - logits);
 }
 
-int32_t sample_row(const float* logits, int64_t vocab, float temperature, float top_p, int top_k, float uniform) {
-    if (temperature <= 0.f) return argmax_row(logits, vocab);
+void sampling_distribution(const float* logits, int64_t vocab, float temperature, float top_p, int top_k,
+                           std::vector<int32_t>& ids, std::vector<double>& probs) {
     // Candidates by logit, descending (ties: lower index first); top-k trims the list.
     const int64_t k = top_k > 0 ? std::min<int64_t>(top_k, vocab) : vocab;
-    std::vector<int32_t> order(static_cast<size_t>(vocab));
-    std::iota(order.begin(), order.end(), 0);
+    ids.resize(static_cast<size_t>(vocab));
+    std::iota(ids.begin(), ids.end(), 0);
     auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), by_logit);
-    order.resize(size_t(k));
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), by_logit);
+    ids.resize(size_t(k));
     // Softmax at temperature, in double for a stable tail.
-    std::vector<double> probs(order.size());
-    const double max_logit = logits[order[0]];
+    probs.resize(ids.size());
+    const double max_logit = logits[ids[0]];
     double total = 0;
-    for (size_t i = 0; i < order.size(); ++i) {
-        probs[i] = std::exp((double(logits[order[i]]) - max_logit) / temperature);
+    for (size_t i = 0; i < ids.size(); ++i) {
+        probs[i] = std::exp((double(logits[ids[i]]) - max_logit) / temperature);
         total += probs[i];
     }
     // Top-p keeps the smallest prefix whose mass reaches top_p (always at least one token).
@@ -43,13 +43,23 @@ int32_t sample_row(const float* logits, int64_t vocab, float temperature, float 
             }
         }
     }
-    const double kept = std::accumulate(probs.begin(), probs.begin() + long(keep), 0.0);
-    double draw = double(uniform) * kept;
-    for (size_t i = 0; i < keep; ++i) {
+    ids.resize(keep);
+    probs.resize(keep);
+    const double kept = std::accumulate(probs.begin(), probs.end(), 0.0);
+    for (double& p : probs) p /= kept;
+}
+
+int32_t sample_row(const float* logits, int64_t vocab, float temperature, float top_p, int top_k, float uniform) {
+    if (temperature <= 0.f) return argmax_row(logits, vocab);
+    std::vector<int32_t> ids;
+    std::vector<double> probs;
+    sampling_distribution(logits, vocab, temperature, top_p, top_k, ids, probs);
+    double draw = double(uniform);
+    for (size_t i = 0; i < ids.size(); ++i) {
         draw -= probs[i];
-        if (draw < 0) return order[i];
+        if (draw < 0) return ids[i];
     }
-    return order[keep - 1];
+    return ids.back();
 }
 
 void argmax(const Tensor& logits, const Tensor& ids) {
