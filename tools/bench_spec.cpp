@@ -55,7 +55,7 @@ void run_spec_bench(const ModelOptions& model_options, const SpecBenchOptions& o
     // A random context, prefilled and handed to the drafter as a real run would.
     std::mt19937 rng(uint32_t(options.seed));
     std::uniform_int_distribution<int32_t> token(0, int32_t(vocab - 1));
-    std::vector<int32_t> tokens(size_t(context));
+    std::vector<int32_t> tokens(static_cast<size_t>(context));
     for (int32_t& t : tokens) t = token(rng);
     const int seq = 0;
     SequenceChunk prefill{seq, 0, tokens, false};
