@@ -369,10 +369,9 @@ void MtpDrafter::observe(const TargetHidden& hidden) {
     std::vector<size_t> entries;
     for (size_t e = 0; e < hidden.sequences.size(); ++e) {
         const TargetHidden::Sequence& s = hidden.sequences[e];
-        if (s.n_committed <= 0) continue;
-        XINFER_CHECK(int64_t(s.tokens.size()) >= s.start_position + s.n_committed + 1,
-                     "MTP observe: sequence {} has {} tokens; positions {}..{} need the token after each", s.seq,
-                     s.tokens.size(), s.start_position, s.start_position + s.n_committed - 1);
+        // A position is observable once the token after it is known; a sequence that finished in
+        // this step may commit its last token without one (it is released right after).
+        if (std::min(s.n_committed, int64_t(s.tokens.size()) - 1 - s.start_position) <= 0) continue;
         auto it = states_.find(s.seq);
         if (it != states_.end() && it->second.observed != s.start_position) {
             // Restarted (preempted and resumed without release) or a gap we cannot fill: the
@@ -399,7 +398,8 @@ void MtpDrafter::observe(const TargetHidden& hidden) {
         std::vector<int64_t> ends;  // last position (inclusive) of this pass, per active entry
         for (size_t e : entries) {
             const TargetHidden::Sequence& s = hidden.sequences[e];
-            const int64_t done = states_.at(s.seq).observed, last = s.start_position + s.n_committed - 1;
+            const int64_t done = states_.at(s.seq).observed;
+            const int64_t last = std::min(s.start_position + s.n_committed, int64_t(s.tokens.size()) - 1) - 1;
             if (done > last) continue;
             active.push_back(e);
             ends.push_back(std::min(last, done + kMaxRowsPerPass - 1));

@@ -1,0 +1,110 @@
+// Greedy speculation with the MTP drafter through the Engine (CPU) is token-identical to greedy
+// without it: one request and a batch with chunked prefill, on the f32 fixtures with 1 and 3 MTP
+// heads and on the FP8 block-scaled fixture (its MTP block dequantized like the decoder's).
+#include "models/fixture.h"
+#include "runtime/engine_impl.h"
+#include "runtime/runner.h"
+#include "spec/mtp.h"
+
+#include <map>
+
+namespace xinfer::test {
+namespace {
+
+struct Case {
+    std::string fixture;
+    int k;  // num_speculative_tokens
+};
+
+class MtpEngineTest : public ::testing::TestWithParam<Case> {
+protected:
+    void SetUp() override {
+        fixture_ = load_fixture(GetParam().fixture == "mimo_mtp_f32" ? "mimo_hub_f32" : GetParam().fixture);
+        dir_ = fixture_dir(GetParam().fixture);  // mimo_mtp_f32: mimo_hub_f32's target + 3 MTP blocks
+        checkpoint_ = Checkpoint::open(dir_);
+        model_ = load_model(*checkpoint_, *backend_);
+    }
+    Runner make_runner(bool features) {
+        RunnerOptions options;
+        options.page_size = 4;  // chains cross page boundaries, rollbacks free pages
+        options.n_pages = 512;
+        if (features) options.feature_layers = {kFinalNormFeature};
+        return Runner(*model_, *backend_, options);
+    }
+    // Tokens per prompt; with MTP also the engine's speculative counters.
+    std::vector<std::vector<int32_t>> run(const std::vector<std::vector<int32_t>>& prompts, SchedulerOptions options,
+                                          int max_tokens, bool speculate, SpecCounters* counters = nullptr) {
+        Runner runner = make_runner(speculate);
+        std::unique_ptr<Drafter> drafter;
+        if (speculate) {
+            SpeculativeConfig config;
+            config.method = "mtp";
+            config.num_speculative_tokens = GetParam().k;
+            drafter = make_drafter(config, DrafterContext{*model_, *backend_, dir_.string(), false,
+                                                          options.max_num_seqs, 4096});
+        }
+        std::unique_ptr<Engine> engine = make_engine(runner, options, drafter.get());
+        std::map<uint64_t, size_t> index;
+        for (size_t i = 0; i < prompts.size(); ++i) index[engine->submit(prompts[i], {}, max_tokens)] = i;
+        std::vector<std::vector<int32_t>> tokens(prompts.size());
+        while (engine->has_work()) {
+            for (const RequestOutput& out : engine->step()) {
+                auto& t = tokens[index.at(out.id)];
+                t.insert(t.end(), out.new_tokens.begin(), out.new_tokens.end());
+                if (out.accepted >= 0) EXPECT_LE(size_t(out.accepted), out.proposed.size());
+            }
+        }
+        EXPECT_EQ(runner.kv().free_pages(), runner.kv().n_pages()) << "a target page leaked";
+        if (counters) *counters = engine->stats().spec;
+        return tokens;
+    }
+    std::vector<std::vector<int32_t>> varied_prompts(size_t n) const {
+        std::vector<std::vector<int32_t>> prompts;
+        for (size_t i = 0; i < n; ++i) {
+            const size_t len = 3 + (fixture_.prompt.size() - 3) * (i + 1) / n;
+            std::vector<int32_t> p(fixture_.prompt.begin(), fixture_.prompt.begin() + long(len));
+            std::rotate(p.begin(), p.begin() + long(i % p.size()), p.end());
+            prompts.push_back(p);
+        }
+        return prompts;
+    }
+
+    std::unique_ptr<Backend> backend_ = make_backend("cpu");
+    Fixture fixture_;
+    std::filesystem::path dir_;
+    std::unique_ptr<Checkpoint> checkpoint_;
+    std::unique_ptr<Model> model_;
+};
+
+TEST_P(MtpEngineTest, GreedyAloneIsLossless) {
+    const int max_tokens = 32;
+    SpecCounters spec;
+    const auto with = run({fixture_.prompt}, {1, 4096, 0}, max_tokens, true, &spec);
+    const auto without = run({fixture_.prompt}, {1, 4096, 0}, max_tokens, false);
+    EXPECT_EQ(with, without);
+    EXPECT_GT(spec.num_drafts, 0);
+    EXPECT_LE(spec.num_draft_tokens, spec.num_drafts * GetParam().k);
+    std::printf("%s k=%d: %lld drafts, %lld draft tokens, %lld accepted, mean acceptance length %.3f\n",
+                GetParam().fixture.c_str(), GetParam().k, (long long)spec.num_drafts, (long long)spec.num_draft_tokens,
+                (long long)spec.num_accepted_tokens, spec.mean_acceptance_length());
+}
+
+TEST_P(MtpEngineTest, GreedyBatchedChunkedIsLossless) {
+    const auto prompts = varied_prompts(4);
+    const int max_tokens = 16;
+    std::vector<std::vector<int32_t>> expected;
+    for (const auto& p : prompts) expected.push_back(run({p}, {1, 4096, 0}, max_tokens, false)[0]);
+    // A budget of 9 tokens splits prompts into chunks next to other requests' verify chains.
+    EXPECT_EQ(run(prompts, {4, 9, 0}, max_tokens, true), expected);
+    EXPECT_EQ(run(prompts, {4, 4096, 0}, max_tokens, true), expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MtpEngineTest,
+                         ::testing::Values(Case{"mimo_hub_f32", 1}, Case{"mimo_mtp_f32", 3}, Case{"mimo_mtp_f32", 2},
+                                           Case{"mimo_hub_fp8", 1}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                             return info.param.fixture + "_k" + std::to_string(info.param.k);
+                         });
+
+}  // namespace
+}  // namespace xinfer::test
