@@ -12,13 +12,22 @@
 namespace xinfer::test {
 namespace {
 
+// XINFER_TEST_DEVICE=cuda (scripts/gpu-check.sh) runs these on a device, with the activation
+// dtype XINFER_TEST_DTYPE or the checkpoint's; the default is the CPU oracle.
+std::string test_device() {
+    const char* device = std::getenv("XINFER_TEST_DEVICE");
+    return device && *device ? device : "cpu";
+}
+
 struct Loaded {
-    std::unique_ptr<Backend> backend = make_backend("cpu");
+    std::unique_ptr<Backend> backend = make_backend(test_device());
     std::unique_ptr<Checkpoint> checkpoint;
     std::unique_ptr<Model> model;
     explicit Loaded(const std::filesystem::path& dir) {
         checkpoint = Checkpoint::open(dir);
-        model = load_model(*checkpoint, *backend);
+        LoadOptions options;
+        if (const char* dtype = std::getenv("XINFER_TEST_DTYPE")) options.dtype = dtype;
+        model = load_model(*checkpoint, *backend, options);
     }
 };
 
