@@ -9,6 +9,8 @@
 #include "bench_serving.h"
 
 #include "core/status.h"
+#include "kv/kv_layout.h"
+#include "runtime/runner.h"
 #include "xinfer/engine.h"
 
 #include <fmt/core.h>
@@ -50,7 +52,7 @@ struct StepBytes {
     double expert = 0;       // one expert of one layer
     int moe_layers = 0, n_experts = 0, top_k = 0;
     const ModelConfig* config = nullptr;
-    double kv_value_bytes = 0;
+    DType kv_dtype = DType::bf16;
 
     double weights(int batch) const {
         if (moe_layers == 0) return dense;
@@ -61,7 +63,7 @@ struct StepBytes {
         double bytes = 0;
         for (const LayerSpec& l : config->layers) {
             const int64_t keys = l.window > 0 ? std::min<int64_t>(context, l.window) : context;
-            bytes += double(keys) * l.n_kv_heads * (l.head_dim_k + l.head_dim_v) * kv_value_bytes;
+            bytes += double(keys) * double(kv_bytes_per_token_per_layer(kv_dtype, l.n_kv_heads, l.head_dim_k, l.head_dim_v));
         }
         return bytes;
     }
@@ -78,7 +80,7 @@ StepBytes step_bytes(const ModelConfig& config, DType weight_dtype, DType kv_dty
     for (const LayerSpec& l : config.layers) s.moe_layers += l.ffn == FfnKind::moe;
     // active counts top_k experts per MoE layer and the lm_head; routers/norms are f32 but small.
     s.dense = double(counts.active) * w - s.moe_layers * s.top_k * s.expert + double(config.hidden_size) * w;
-    s.kv_value_bytes = double(dtype_size(kv_dtype));
+    s.kv_dtype = kv_dtype;
     return s;
 }
 
@@ -105,7 +107,7 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
     const bool host = backend->props().host_memory != 0;
     const DType act = host ? DType::f32 : (config.dtype == DType::f32 ? DType::f32 : DType::bf16);
     const DType weight_dtype = host ? (model.load_format == "dummy" ? DType::bf16 : config.dtype) : act;
-    const StepBytes bytes = step_bytes(config, weight_dtype, options.kv_cache_dtype == "bfloat16" ? DType::bf16 : act);
+    const StepBytes bytes = step_bytes(config, weight_dtype, resolve_kv_cache_dtype(options.kv_cache_dtype, act));
     const double bandwidth_gbps = backend->measure_copy_bandwidth_gbps();
     backend.reset();
 

@@ -54,7 +54,7 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--output-len", options->serving.output_len, "Serving mode: generated tokens")->default_val(256);
     cmd->add_option("--max-num-batched-tokens", options->serving.max_num_batched_tokens, "Serving mode: step budget")
         ->default_val(2048);
-    cmd->add_option("--kv-cache-dtype", options->serving.kv_cache_dtype, "Serving mode: auto, float32, bfloat16")
+    cmd->add_option("--kv-cache-dtype", options->serving.kv_cache_dtype, "auto (the activation dtype), float32, bfloat16, fp8 (e4m3 + per-row scales)")
         ->default_val("auto");
     cmd->callback([options] {
         if (!options->serving.concurrency.empty()) {
@@ -74,6 +74,7 @@ void add_bench_command(CLI::App& app) {
         for (int32_t& t : prompt) t = token(rng);
 
         RunnerOptions runner_options;
+        runner_options.kv_cache_dtype = options->serving.kv_cache_dtype;
         runner_options.max_cached_tokens = options->prompt_len + options->gen_len + 16;
         Runner runner(*loaded.model, backend, runner_options);
 

@@ -20,6 +20,7 @@ void add_generate_command(CLI::App& app) {
         std::string profile;
         std::string speculative_config;
         std::string spec_trace;
+        std::string kv_cache_dtype = "auto";
     };
     auto options = std::make_shared<Options>();
     CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a prompt; prints {\"ids\": [...]} as one JSON line");
@@ -32,6 +33,9 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--seed", options->generate.sampling.seed)->default_val(0);
     cmd->add_option("--prefill-chunk", options->generate.prefill_chunk, "Max prompt tokens per step (0 = all)")
         ->default_val(0);
+    cmd->add_option("--kv-cache-dtype", options->kv_cache_dtype,
+                    "auto (the activation dtype), float32, bfloat16, fp8 (e4m3 + per-row scales)")
+        ->default_val("auto");
     cmd->add_option("--profile", options->profile, "Write a Chrome trace (Perfetto) of every op to this .json file");
     cmd->add_option("--speculative-config", options->speculative_config,
                     R"(Speculative decoding, as vLLM: '{"method":"ngram"|"mtp"|"dflash","model":DIR,"num_speculative_tokens":k}')");
@@ -41,6 +45,7 @@ void add_generate_command(CLI::App& app) {
         const std::vector<int32_t> prompt = parse_ids(options->prompt_ids);
         LoadedModel loaded = load(options->model);
         RunnerOptions runner_options;
+        runner_options.kv_cache_dtype = options->kv_cache_dtype;
         runner_options.max_cached_tokens = options->model.max_cached_tokens > 0
                                                ? options->model.max_cached_tokens
                                                : int64_t(prompt.size()) + options->generate.max_tokens + 16;

@@ -52,7 +52,7 @@ void add_plan_command(CLI::App& app) {
         ->default_val(0);
     cmd->add_option("--max-num-seqs", options->plan.max_num_seqs)->default_val(64);
     cmd->add_option("--max-num-batched-tokens", options->plan.max_num_batched_tokens)->default_val(2048);
-    cmd->add_option("--kv-cache-dtype", options->kv_cache_dtype, "auto, float32, bfloat16 (fp8: not yet)")
+    cmd->add_option("--kv-cache-dtype", options->kv_cache_dtype, "auto, float32, bfloat16, fp8 (e4m3 + per-row scales)")
         ->default_val("auto");
     cmd->add_option("--dtype", options->dtype, "Activations on accelerators: auto, float32, bfloat16")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))

@@ -76,7 +76,8 @@ typedef enum xinfer_op_type {
     XINFER_OP_SCALE = 7,
     /* src0 += src1 (in place) */
     XINFER_OP_ADD = 8,
-    /* write new K/V into cache slots                       src: k[T,kv,dk], v[T,kv,dv], k_cache, v_cache; batch */
+    /* write new K/V into cache slots                       src: k[T,kv,dk], v[T,kv,dv], k_cache, v_cache; batch
+       Caches are f32/bf16/f16, or F8_E4M3 with per-row scales (see "FP8 KV caches" below). */
     XINFER_OP_KV_STORE = 9,
     /* paged attention                                      src: q[T,nq,dk], k_cache, v_cache, sinks[nq] f32 (opt);
                                                             dst0: out[T,nq,dv]; params.attention; batch */
@@ -118,8 +119,21 @@ typedef struct xinfer_attention_params {
     float softmax_scale;           /* on q·k; sinks are in these scaled units */
     int32_t window;                /* 0 = none; causal: p-j < window; non-causal: |p-j| < window */
     int32_t causal;                /* 1 causal, 0 non-causal block (DFlash drafter) */
-    float k_scale, v_scale;        /* dequantization scales of fp8 caches (1 otherwise) */
+    float k_scale, v_scale;        /* per-tensor cache scales: reserved, always 1 (fp8 caches carry
+                                      per-row scales in their pages, see below); refuse other values */
 } xinfer_attention_params;
+
+/* FP8 KV caches. A KV_STORE / ATTENTION cache tensor of dtype XINFER_DTYPE_F8_E4M3, shape
+   [pages, page_size, n_kv, d], holds in each page its page_size·n_kv·d e4m3 bytes (row (slot, head)
+   at byte (slot·n_kv + head)·d) followed by page_size·n_kv f32 scales (row r's at byte
+   page_size·n_kv·d + 4·r). Pages are batch.page_stride bytes apart, or page_size·n_kv·(d + 4) when
+   page_stride is 0. Scales are 4-byte aligned when d and page_stride are multiples of 4 and the
+   cache pointer is (xinfer's pools are); a backend may refuse other layouts in supports_op.
+   KV_STORE quantizes each new (token, head) row x[d]: amax = max|x_i| (NaN propagates),
+   scale = amax / 448 in f32 (1 if that is 0), q_i = e4m3(x_i / scale) rounded to nearest even,
+   saturating to ±448, NaN kept. ATTENTION reads float(q_i) · scale. The stored bytes must match
+   the CPU backend exactly (src/backend/cpu/kv_fp8.h is the reference). A backend without fp8
+   caches answers supports_op = 0. */
 
 typedef struct xinfer_route_params {
     int32_t scoring;               /* 0 softmax, 1 sigmoid */

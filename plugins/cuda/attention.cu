@@ -18,6 +18,12 @@
 // row of the tile may see it, so unwritten slots and released pages (-1) are never read. A key
 // that some row needs but whose page is -1 becomes NaN for exactly the rows that need it (the
 // CPU oracle raises an error there).
+//
+// FP8 caches (e4m3 + one f32 scale per (token, kv head) row after each page's values, the ABI's
+// "FP8 KV caches"): KV_STORE quantizes each row with the CPU's rule (src/backend/cpu/kv_fp8.h:
+// scale = amax / 448, q = e4m3_rn_satfinite(x / scale); the bytes must match exactly), and
+// ATTENTION dequantizes float(q) · scale while filling the bf16 K/V tiles, so the tensor-core
+// path is the same for every cache dtype.
 #include "common.h"
 #include "device_utils.cuh"
 
@@ -47,19 +53,32 @@ struct AttnArgs {
     const int32_t* kv_lens;    // [n_seqs]
     const int32_t* positions;  // [T]
     const int32_t* page_table; // [n_seqs, max_pages]
-    int64_t k_page_stride, v_page_stride, T;
+    int64_t k_page_stride, v_page_stride, T;  // elements (bytes for fp8 caches)
     int q_dtype, k_dtype, v_dtype, out_dtype;
     int n_seqs, max_pages, page_size;
     int nq, nkv, group, dk, dv, dk_pad, dv_pad;
     float scale;
     int window, causal, n_split;
-    bool k_vec, v_vec;         // bf16 cache rows may use 16-byte loads
+    bool k_vec, v_vec;         // bf16 cache rows may use 16-byte loads, fp8 rows 8-byte loads
 };
+
+// Cache element of any cache dtype, fp8 without its row scale.
+__device__ __forceinline__ float load_cache(const void* cache, int dtype, int64_t i) {
+    if (dtype == XINFER_DTYPE_F8_E4M3) return fp8_to_float(static_cast<const uint8_t*>(cache)[i]);
+    return load_f(cache, dtype, i);
+}
+
+// The f32 scale at byte `at` of an fp8 cache; byte loads, since a pool with odd head dims or
+// page strides may leave it unaligned.
+__device__ __forceinline__ float load_scale(const void* cache, int64_t at) {
+    const uint8_t* p = static_cast<const uint8_t*>(cache) + at;
+    return __int_as_float(int(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24));
+}
 
 // Shared-memory layout (bytes), identical on host and device.
 struct AttnSmem {
     int ldq, ldv, lds, ldp, ldo;
-    int q, k, v, s, p, o, m, l, corr, lo, hi, ksrc, vsrc, range, total;
+    int q, k, v, s, p, o, m, l, corr, lo, hi, ksrc, vsrc, kscale, vscale, range, total;
 };
 __host__ __device__ inline AttnSmem attn_smem(int dk_pad, int dv_pad) {
     AttnSmem L;
@@ -87,6 +106,8 @@ __host__ __device__ inline AttnSmem attn_smem(int dk_pad, int dv_pad) {
     L.hi = take(kBQ * 4);
     L.ksrc = take(kBKeys * 8);
     L.vsrc = take(kBKeys * 8);
+    L.kscale = take(kBKeys * 4);
+    L.vscale = take(kBKeys * 4);
     L.range = take(16);
     L.total = off;
     return L;
@@ -94,13 +115,23 @@ __host__ __device__ inline AttnSmem attn_smem(int dk_pad, int dv_pad) {
 
 constexpr int64_t kSrcZero = -1, kSrcNaN = -2;
 
-// Fills one bf16 shared row [pad] from a cache row [len] (or zeros / NaN), lanes of one warp.
+// Fills one bf16 shared row [pad] from a cache row [len] (or zeros / NaN), lanes of one warp;
+// fp8 rows are multiplied by their row scale (1 for other dtypes).
 __device__ __forceinline__ void load_row(__nv_bfloat16* dst, const void* cache, int dtype, int64_t src, int len,
-                                         int pad, bool vec, int lane) {
+                                         int pad, bool vec, float scale, int lane) {
     for (int c8 = lane * 8; c8 < pad; c8 += 32 * 8) {
         if (src >= 0 && vec && c8 + 8 <= len) {
-            *reinterpret_cast<uint4*>(dst + c8) =
-                *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(cache) + src + c8);
+            if (dtype == XINFER_DTYPE_F8_E4M3) {
+                const uint2 bytes = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(cache) + src + c8);
+                const uint8_t* b = reinterpret_cast<const uint8_t*>(&bytes);
+                __nv_bfloat16 v[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[e] = __float2bfloat16_rn(fp8_to_float(b[e]) * scale);
+                *reinterpret_cast<uint4*>(dst + c8) = *reinterpret_cast<uint4*>(v);
+            } else {
+                *reinterpret_cast<uint4*>(dst + c8) =
+                    *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(cache) + src + c8);
+            }
             continue;
         }
         __nv_bfloat16 v[8];
@@ -109,7 +140,7 @@ __device__ __forceinline__ void load_row(__nv_bfloat16* dst, const void* cache, 
             const int d = c8 + e;
             float x = 0.f;
             if (d < len) {
-                if (src >= 0) x = load_f(cache, dtype, src + d);
+                if (src >= 0) x = load_cache(cache, dtype, src + d) * scale;
                 else if (src == kSrcNaN) x = __int_as_float(0x7fc00000);
             }
             v[e] = __float2bfloat16_rn(x);
@@ -134,6 +165,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     auto* tok_hi = reinterpret_cast<int*>(smem + L.hi);
     auto* ksrc = reinterpret_cast<int64_t*>(smem + L.ksrc);
     auto* vsrc = reinterpret_cast<int64_t*>(smem + L.vsrc);
+    auto* kscale = reinterpret_cast<float*>(smem + L.kscale);
+    auto* vscale = reinterpret_cast<float*>(smem + L.vscale);
     auto* range = reinterpret_cast<int*>(smem + L.range);
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -219,6 +252,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
         if (tid < kBKeys) {
             const int j = kb + tid;
             int64_t ks = kSrcZero, vs = kSrcZero;
+            float k_row_scale = 1.f, v_row_scale = 1.f;
             bool needed = false;
             if (j <= key_hi)
                 for (int i = 0; i < ntok && !needed; ++i) needed = j >= tok_lo[i] && j <= tok_hi[i];
@@ -230,15 +264,25 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
                     const int64_t slot_row = int64_t(j % a.page_size) * a.nkv + g;
                     ks = int64_t(page) * a.k_page_stride + slot_row * a.dk;
                     vs = int64_t(page) * a.v_page_stride + slot_row * a.dv;
+                    // fp8: the page's row scales follow its page_size·nkv·d values.
+                    const int64_t rows_per_page = int64_t(a.page_size) * a.nkv;
+                    if (a.k_dtype == XINFER_DTYPE_F8_E4M3)
+                        k_row_scale = load_scale(a.k_cache, int64_t(page) * a.k_page_stride + rows_per_page * a.dk +
+                                                                slot_row * 4);
+                    if (a.v_dtype == XINFER_DTYPE_F8_E4M3)
+                        v_row_scale = load_scale(a.v_cache, int64_t(page) * a.v_page_stride + rows_per_page * a.dv +
+                                                                slot_row * 4);
                 }
             }
             ksrc[tid] = ks;
             vsrc[tid] = vs;
+            kscale[tid] = k_row_scale;
+            vscale[tid] = v_row_scale;
         }
         __syncthreads();
         for (int key = warp; key < kBKeys; key += kThreads / 32) {
-            load_row(Ks + key * L.ldq, a.k_cache, a.k_dtype, ksrc[key], a.dk, a.dk_pad, a.k_vec, lane);
-            load_row(Vs + key * L.ldv, a.v_cache, a.v_dtype, vsrc[key], a.dv, a.dv_pad, a.v_vec, lane);
+            load_row(Ks + key * L.ldq, a.k_cache, a.k_dtype, ksrc[key], a.dk, a.dk_pad, a.k_vec, kscale[key], lane);
+            load_row(Vs + key * L.ldv, a.v_cache, a.v_dtype, vsrc[key], a.dv, a.dv_pad, a.v_vec, vscale[key], lane);
         }
         __syncthreads();
 
@@ -379,14 +423,57 @@ __global__ void kv_store_kernel(const void* k /*[T, nkv, dk]*/, int k_dtype, con
     for (int64_t i = threadIdx.x; i < v_row; i += blockDim.x) store_f(v_cache, vc_dtype, vdst + i, load_f(v, v_dtype, t * v_row + i));
 }
 
+// max with NaN propagating (fmaxf drops NaN): the CPU's amax keeps a NaN once seen.
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a || b != b ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+
+// fp8 caches: one warp per (token, head) row of K or V. Quantizes exactly as the CPU
+// (src/backend/cpu/kv_fp8.h): amax (NaN propagating), scale = amax / 448 (1 if 0),
+// q = e4m3_rn_satfinite(x / scale), scale stored after the page's values.
+__global__ void kv_store_fp8_kernel(const void* k /*[T, nkv, dk]*/, int k_dtype, const void* v /*[T, nkv, dv]*/,
+                                    int v_dtype, uint8_t* k_cache, uint8_t* v_cache,
+                                    const int32_t* slot_mapping /*[T]*/, int page_size, int nkv, int dk, int dv,
+                                    int64_t k_page_stride /*bytes*/, int64_t v_page_stride /*bytes*/) {
+    const int64_t t = blockIdx.x;
+    const int32_t slot = slot_mapping[t];
+    if (slot < 0) return;
+    const int64_t page = slot / page_size, offset = slot % page_size;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    for (int r = warp; r < 2 * nkv; r += n_warps) {
+        const bool is_k = r < nkv;
+        const int g = is_k ? r : r - nkv, d = is_k ? dk : dv, dtype = is_k ? k_dtype : v_dtype;
+        const void* src = is_k ? k : v;
+        const int64_t src_base = (t * nkv + g) * d, row = offset * nkv + g;
+        uint8_t* page_base = (is_k ? k_cache : v_cache) + page * (is_k ? k_page_stride : v_page_stride);
+        float amax = 0.f;
+        for (int i = lane; i < d; i += 32) amax = nan_max(amax, fabsf(load_f(src, dtype, src_base + i)));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float scale = amax / 448.f;
+        if (scale == 0.f) scale = 1.f;
+        uint8_t* q = page_base + row * d;
+        for (int i = lane; i < d; i += 32) q[i] = float_to_fp8(load_f(src, dtype, src_base + i) / scale);
+        if (lane < 4) {  // the scale's 4 bytes, little-endian, alignment-free
+            const uint32_t bits = uint32_t(__float_as_int(scale));
+            page_base[int64_t(page_size) * nkv * d + row * 4 + lane] = uint8_t(bits >> (8 * lane));
+        }
+    }
+}
+
 bool is_i32(const xinfer_tensor& t, int64_t n) { return t.dtype == XINFER_DTYPE_I32 && t.rank >= 1 && numel(t) == n; }
 
 // A cache tensor is accepted as [pages, page_size, n_kv, d], or with page_stride given, any
 // tensor whose pages the stride describes.
 bool cache_ok(const xinfer_tensor& t, const xinfer_attention_batch& b, int64_t nkv, int64_t d) {
-    if (!is_float(t.dtype)) return false;
+    if (!is_float(t.dtype) && t.dtype != XINFER_DTYPE_F8_E4M3) return false;
     if (t.rank == 4) return t.shape[1] == b.page_size && t.shape[2] == nkv && t.shape[3] == d;
     return b.page_stride > 0 && t.rank >= 1;
+}
+
+// Elements (bytes for fp8) between pages of one cache: the batch's page_stride, else a
+// contiguous [pages, page_size, nkv, d] tensor (fp8: each page is its values, then its row scales).
+int64_t cache_page_stride(const xinfer_attention_batch& b, int dtype, int64_t nkv, int64_t d) {
+    if (b.page_stride > 0) return b.page_stride;
+    return int64_t(b.page_size) * nkv * (d + (dtype == XINFER_DTYPE_F8_E4M3 ? 4 : 0));
 }
 
 }  // namespace
@@ -402,9 +489,21 @@ int op_kv_store(Context* c, const xinfer_op* op, bool run) {
                            shape_str(k).c_str(), shape_str(v).c_str(), shape_str(k_cache).c_str(),
                            shape_str(v_cache).c_str(), shape_str(b.slot_mapping).c_str(), b.page_size);
     const int64_t T = k.shape[0], nkv = k.shape[1], dk = k.shape[2], dv = v.shape[2];
+    const bool k_fp8 = k_cache.dtype == XINFER_DTYPE_F8_E4M3, v_fp8 = v_cache.dtype == XINFER_DTYPE_F8_E4M3;
+    if (k_fp8 != v_fp8)
+        return unsupported(c, op, "k_cache %s, v_cache %s: fp8 and non-fp8 caches mixed in one op",
+                           shape_str(k_cache).c_str(), shape_str(v_cache).c_str());
     if (!run || T == 0) return XINFER_OK;
-    const int64_t k_stride = b.page_stride > 0 ? b.page_stride : b.page_size * nkv * dk;
-    const int64_t v_stride = b.page_stride > 0 ? b.page_stride : b.page_size * nkv * dv;
+    const int64_t k_stride = cache_page_stride(b, k_cache.dtype, nkv, dk);
+    const int64_t v_stride = cache_page_stride(b, v_cache.dtype, nkv, dv);
+    if (k_fp8) {
+        kv_store_fp8_kernel<<<unsigned(T), 128, 0, c->stream>>>(
+            k.data, k.dtype, v.data, v.dtype, static_cast<uint8_t*>(k_cache.data), static_cast<uint8_t*>(v_cache.data),
+            static_cast<const int32_t*>(b.slot_mapping.data), b.page_size, int(nkv), int(dk), int(dv), k_stride,
+            v_stride);
+        XCUDA_CHECK_LAUNCH(c, "kv_store_fp8_kernel");
+        return XINFER_OK;
+    }
     kv_store_kernel<<<unsigned(T), 128, 0, c->stream>>>(k.data, k.dtype, v.data, v.dtype, k_cache.data, k_cache.dtype,
                                                         v_cache.data, v_cache.dtype,
                                                         static_cast<const int32_t*>(b.slot_mapping.data), b.page_size,
@@ -434,8 +533,9 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
                            shapes().c_str());
     if (!absent(sinks) && (sinks.dtype != XINFER_DTYPE_F32 || numel(sinks) != nq))
         return unsupported(c, op, "%s: sinks must be f32 [n_q]", shapes().c_str());
-    if (ap.k_scale != 1.f && ap.k_scale != 0.f)
-        return unsupported(c, op, "%s: fp8 caches (k_scale %g) are not supported", shapes().c_str(), ap.k_scale);
+    if ((ap.k_scale != 1.f && ap.k_scale != 0.f) || (ap.v_scale != 1.f && ap.v_scale != 0.f))
+        return unsupported(c, op, "%s: per-tensor k_scale %g / v_scale %g (expected 1; fp8 caches carry row scales)",
+                           shapes().c_str(), ap.k_scale, ap.v_scale);
     const int64_t T = q.shape[0];
     if (!is_i32(b.cu_q_lens, b.n_seqs + 1) || !is_i32(b.kv_lens, b.n_seqs) || !is_i32(b.positions, T) ||
         b.page_table.dtype != XINFER_DTYPE_I32 || numel(b.page_table) != int64_t(b.n_seqs) * b.max_pages_per_seq)
@@ -460,8 +560,8 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
     a.kv_lens = static_cast<const int32_t*>(b.kv_lens.data);
     a.positions = static_cast<const int32_t*>(b.positions.data);
     a.page_table = static_cast<const int32_t*>(b.page_table.data);
-    a.k_page_stride = b.page_stride > 0 ? b.page_stride : int64_t(b.page_size) * nkv * dk;
-    a.v_page_stride = b.page_stride > 0 ? b.page_stride : int64_t(b.page_size) * nkv * dv;
+    a.k_page_stride = cache_page_stride(b, k_cache.dtype, nkv, dk);
+    a.v_page_stride = cache_page_stride(b, v_cache.dtype, nkv, dv);
     a.T = T;
     a.q_dtype = q.dtype;
     a.k_dtype = k_cache.dtype;
@@ -480,10 +580,14 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
     a.scale = ap.softmax_scale;
     a.window = ap.window;
     a.causal = ap.causal;
-    a.k_vec = k_cache.dtype == XINFER_DTYPE_BF16 && dk % 8 == 0 && a.k_page_stride % 8 == 0 &&
-              pointer_alignment(k_cache.data) >= 16;
-    a.v_vec = v_cache.dtype == XINFER_DTYPE_BF16 && dv % 8 == 0 && a.v_page_stride % 8 == 0 &&
-              pointer_alignment(v_cache.data) >= 16;
+    // Vector loads of 8 elements: 16 bytes of bf16, 8 bytes of fp8.
+    const auto vec_ok = [](const xinfer_tensor& cache, int d, int64_t stride) {
+        if (cache.dtype == XINFER_DTYPE_BF16) return d % 8 == 0 && stride % 8 == 0 && pointer_alignment(cache.data) >= 16;
+        if (cache.dtype == XINFER_DTYPE_F8_E4M3) return d % 8 == 0 && stride % 8 == 0 && pointer_alignment(cache.data) >= 8;
+        return false;
+    };
+    a.k_vec = vec_ok(k_cache, dk, a.k_page_stride);
+    a.v_vec = vec_ok(v_cache, dv, a.v_page_stride);
 
     // Row tiles: Σ_s ceil(q_len_s · G / 64) ≤ ceil(T · G / 64) + n_seqs.
     const int64_t row_tiles = ceil_div(T * a.group, kBQ) + b.n_seqs;

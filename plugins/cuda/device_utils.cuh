@@ -19,6 +19,19 @@ __host__ __device__ inline int dtype_bytes(int dtype) {
     return dtype == XINFER_DTYPE_F32 || dtype == XINFER_DTYPE_I32 ? 4 : dtype == XINFER_DTYPE_I64 ? 8 : dtype == XINFER_DTYPE_BF16 || dtype == XINFER_DTYPE_F16 ? 2 : 1;
 }
 
+// One FP8 e4m3 byte to f32 (exact).
+__device__ __forceinline__ float fp8_to_float(uint8_t b) {
+    __nv_fp8_e4m3 v;
+    v.__x = b;
+    return float(v);
+}
+
+// f32 → e4m3, round to nearest even, saturating to ±448, NaN stays NaN (the CPU's
+// f32_to_e4m3_rne in src/backend/cpu/kv_fp8.h).
+__device__ __forceinline__ uint8_t float_to_fp8(float x) {
+    return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
 __device__ __forceinline__ float load_f(const void* p, int dtype, int64_t i) {
     switch (dtype) {
         case XINFER_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
@@ -42,13 +55,6 @@ __device__ __forceinline__ float round_to(int dtype, float v) {
         case XINFER_DTYPE_F16: return __half2float(__float2half_rn(v));
         default: return v;
     }
-}
-
-// One FP8 e4m3 byte to f32 (exact).
-__device__ __forceinline__ float fp8_to_float(uint8_t b) {
-    __nv_fp8_e4m3 v;
-    v.__x = b;
-    return float(v);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

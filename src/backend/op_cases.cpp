@@ -1,6 +1,7 @@
 // The op-case grid and the machinery that runs a case on two backends (see op_cases.h).
 #include "backend/op_cases.h"
 
+#include "backend/cpu/kv_fp8.h"
 #include "backend/op_desc.h"
 
 #include <fmt/format.h>
@@ -407,23 +408,31 @@ OpCase sample_case(int64_t rows, int64_t vocab, uint32_t seed) {
 
 // Where one layer's K and V live: their own [pages, page_size, n_kv, d] tensors, or (pool_layers
 // > 0) blocks of a pool whose pages hold several layers, page_stride elements apart (the layout
-// of src/kv/kv_layout.h, plus `pad` elements per page).
+// of src/kv/kv_layout.h, plus `pad` elements per page). fp8 caches are raw bytes: each page of
+// a block holds its e4m3 values, then one f32 scale per (slot, kv head) (src/backend/cpu/kv_fp8.h).
 struct CacheGeometry {
     int64_t n_pages = 0, page_size = 0, n_kv = 0, dk = 0, dv = 0;
     int pool_layers = 0, layer = 0, pad = 0;
     std::optional<DType> dtype = std::nullopt;  // fixed; default: the activation dtype
 
-    int64_t k_page_elements() const { return page_size * n_kv * dk; }
-    int64_t v_page_elements() const { return page_size * n_kv * dv; }
+    bool fp8() const { return dtype == DType::f8_e4m3; }
+    int64_t k_page_elements() const { return cpu::kv_cache_page_elements(dtype.value_or(DType::f32), page_size, n_kv, dk); }
+    int64_t v_page_elements() const { return cpu::kv_cache_page_elements(dtype.value_or(DType::f32), page_size, n_kv, dv); }
     int64_t page_stride() const { return pool_layers ? pool_layers * (k_page_elements() + v_page_elements()) + pad : 0; }
     int64_t k_offset() const { return layer * (k_page_elements() + v_page_elements()); }
     int64_t v_offset() const { return k_offset() + k_page_elements(); }
+    // First element of page `page` of the K (or V) block in the K (or V) tensor / pool.
+    int64_t k_base(int64_t page) const { return pool_layers ? page * page_stride() + k_offset() : page * k_page_elements(); }
+    int64_t v_base(int64_t page) const { return pool_layers ? page * page_stride() + v_offset() : page * v_page_elements(); }
     // Element of dim i of (page, slot, kv head g) in the K (or V) tensor / pool.
-    int64_t k_index(int64_t page, int64_t slot, int64_t g, int64_t i) const {
-        return (pool_layers ? page * page_stride() + k_offset() : page * k_page_elements()) + (slot * n_kv + g) * dk + i;
+    int64_t k_index(int64_t page, int64_t slot, int64_t g, int64_t i) const { return k_base(page) + (slot * n_kv + g) * dk + i; }
+    int64_t v_index(int64_t page, int64_t slot, int64_t g, int64_t i) const { return v_base(page) + (slot * n_kv + g) * dv + i; }
+    // fp8: byte of the f32 scale of (page, slot, kv head g).
+    int64_t k_scale_byte(int64_t page, int64_t slot, int64_t g) const {
+        return k_base(page) + page_size * n_kv * dk + (slot * n_kv + g) * cpu::kFp8ScaleBytes;
     }
-    int64_t v_index(int64_t page, int64_t slot, int64_t g, int64_t i) const {
-        return (pool_layers ? page * page_stride() + v_offset() : page * v_page_elements()) + (slot * n_kv + g) * dv + i;
+    int64_t v_scale_byte(int64_t page, int64_t slot, int64_t g) const {
+        return v_base(page) + page_size * n_kv * dv + (slot * n_kv + g) * cpu::kFp8ScaleBytes;
     }
     std::string describe() const {
         std::string text = fmt::format("page={}", page_size);
@@ -433,14 +442,22 @@ struct CacheGeometry {
     }
 };
 
+// Quantizes x[d] into an fp8 cache's raw bytes: values at value_byte, the scale at scale_byte.
+void put_fp8_row(std::vector<uint8_t>& raw, int64_t value_byte, int64_t scale_byte, const float* x, int64_t d) {
+    const float scale = cpu::kv_fp8_quantize_row(x, d, raw.data() + value_byte);
+    std::memcpy(raw.data() + scale_byte, &scale, sizeof scale);
+}
+
 // Adds the cache tensors (k_cache at src(k_slot), v_cache at src(k_slot + 1)), every element
-// initialised to `fill`; returns the indices of the tensors holding K and V values (the pool
-// twice when pooled).
+// initialised to `fill` (fp8: every byte 0xff, NaN values and NaN scales, when fill is NaN, else
+// 0); returns the indices of the tensors holding K and V values (the pool twice when pooled).
 std::pair<size_t, size_t> add_caches(CaseData& d, const CacheGeometry& g, int k_slot, Access access, float fill) {
-    auto cache = [&](std::string name, Slot slot, std::vector<int64_t> shape) {
+    auto cache = [&](std::string name, Slot slot, std::vector<int64_t> shape, int64_t elements) {
         CaseTensor t = make_tensor(std::move(name), slot, access, !g.dtype, g.dtype.value_or(DType::f32), std::move(shape));
         if (access == Access::inout) t.compare = Compare::exact;
-        if (t.numel() > kMaxHostValues) {
+        if (g.fp8()) {
+            t.raw.assign(size_t(elements), std::isnan(fill) ? uint8_t(0xff) : uint8_t(0));
+        } else if (t.numel() > kMaxHostValues) {
             t.bulk_random = 1.f;  // perf shapes: random on the device, no sentinels
         } else {
             t.values.assign(size_t(t.numel()), fill);
@@ -448,20 +465,21 @@ std::pair<size_t, size_t> add_caches(CaseData& d, const CacheGeometry& g, int k_
         return t;
     };
     if (!g.pool_layers) {
-        CaseTensor k = cache("k_cache", src(k_slot), {g.n_pages, g.page_size, g.n_kv, g.dk});
-        CaseTensor v = cache("v_cache", src(k_slot + 1), {g.n_pages, g.page_size, g.n_kv, g.dv});
+        CaseTensor k = cache("k_cache", src(k_slot), {g.n_pages, g.page_size, g.n_kv, g.dk}, g.n_pages * g.k_page_elements());
+        CaseTensor v = cache("v_cache", src(k_slot + 1), {g.n_pages, g.page_size, g.n_kv, g.dv}, g.n_pages * g.v_page_elements());
         d.tensors.push_back(std::move(k));
         d.tensors.push_back(std::move(v));
         return {d.tensors.size() - 2, d.tensors.size() - 1};
     }
-    d.tensors.push_back(cache("kv_pool", Slot{}, {g.n_pages, g.page_stride()}));
+    d.tensors.push_back(cache("kv_pool", Slot{}, {g.n_pages, g.page_stride()}, g.n_pages * g.page_stride()));
     const size_t pool_index = d.tensors.size() - 1;
     for (int which = 0; which < 2; ++which) {
         CaseTensor view = cache(which ? "v_cache" : "k_cache", src(k_slot + which),
-                                {g.n_pages, g.page_size, g.n_kv, which ? g.dv : g.dk});
+                                {g.n_pages, g.page_size, g.n_kv, which ? g.dv : g.dk}, 0);
         view.access = Access::input;
         view.compare = Compare::none;
         view.values.clear();
+        view.raw.clear();
         view.bulk_random = 0.f;
         view.view_of = int(pool_index);
         view.view_offset = which ? g.v_offset() : g.k_offset();
@@ -487,10 +505,25 @@ OpCase kv_store_case(const KvStoreSpec& s) {
                          CaseData d = start(XINFER_OP_KV_STORE);
                          d.tensors.push_back(act_input("k", src(0), {s.T, g.n_kv, g.dk}, rng));
                          d.tensors.push_back(act_input("v", src(1), {s.T, g.n_kv, g.dv}, rng));
+                         if (g.fp8()) {
+                             // Rows of very different magnitudes (each gets its own scale), and an
+                             // all-zero row (scale 1 by the rule).
+                             std::uniform_real_distribution<float> exponent(-8.f, 8.f);
+                             for (size_t i : {size_t(0), size_t(1)}) {
+                                 CaseTensor& x = d.tensors[i];
+                                 const int64_t row = i == 0 ? g.dk : g.dv;
+                                 for (int64_t r = 0; r < x.numel() / row; ++r) {
+                                     const float factor = r == g.n_kv ? 0.f : std::exp2(exponent(rng));  // token 1, head 0
+                                     for (int64_t e = 0; e < row; ++e) x.values[size_t(r * row + e)] *= factor;
+                                 }
+                             }
+                         }
                          const auto [k_index, v_index] = add_caches(d, g, 2, Access::inout, 0.f);
                          // Old contents: random, so that untouched slots are checked too.
-                         for (size_t i : {k_index, v_index})
+                         for (size_t i : {k_index, v_index}) {
                              for (float& x : d.tensors[i].values) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+                             for (uint8_t& b : d.tensors[i].raw) b = uint8_t(rng());
+                         }
                          std::vector<int32_t> slots = distinct(g.n_pages * g.page_size, s.T, rng);
                          for (int64_t t = 0; t < s.T; t += 5) slots[size_t(t)] = -1;  // padding tokens
                          d.tensors.push_back(i32_input("slot_mapping", {Slot::slot_mapping}, {s.T}, slots));
@@ -588,13 +621,32 @@ OpCase attention_case(const AttentionSpec& s) {
         // Every cache element starts as NaN: other layers of the pool, free pages and slots past
         // kv_len must never reach the output. Only keys that exist get values.
         const auto [k_index, v_index] = add_caches(d, g, 1, Access::input, kNaN);
-        if (d.tensors[k_index].values.empty() || d.tensors[v_index].values.empty()) {
+        if (!g.fp8() && (d.tensors[k_index].values.empty() || d.tensors[v_index].values.empty())) {
             // perf shapes: the caches are filled on the device
         } else {
             std::vector<float>& k_values = d.tensors[k_index].values;
             std::vector<float>& v_values = d.tensors[v_index].values;
             std::uniform_real_distribution<float> value(-1.f, 1.f);
-            for (size_t r = 0; r < resident.size(); ++r) {
+            for (size_t r = 0; g.fp8() && r < resident.size(); ++r) {
+                // fp8: each (slot, head) row quantized with its own scale; magnitudes vary by
+                // row (2^-3..2^3) so the scales matter.
+                std::uniform_real_distribution<float> exponent(-3.f, 3.f);
+                std::vector<float> row(size_t(std::max(s.dk, s.dv)));
+                std::vector<uint8_t>& k_raw = d.tensors[k_index].raw;
+                std::vector<uint8_t>& v_raw = d.tensors[v_index].raw;
+                const auto [seq, page] = resident[r];
+                for (int64_t slot = 0; slot < ps && page * ps + slot < s.kv_lens[size_t(seq)]; ++slot)
+                    for (int64_t h = 0; h < s.n_kv; ++h) {
+                        const float k_factor = std::exp2(exponent(rng)), v_factor = std::exp2(exponent(rng));
+                        for (int64_t i = 0; i < s.dk; ++i) row[size_t(i)] = value(rng) * k_factor;
+                        put_fp8_row(k_raw, g.k_index(physical[r], slot, h, 0), g.k_scale_byte(physical[r], slot, h),
+                                    row.data(), s.dk);
+                        for (int64_t i = 0; i < s.dv; ++i) row[size_t(i)] = value(rng) * v_factor;
+                        put_fp8_row(v_raw, g.v_index(physical[r], slot, h, 0), g.v_scale_byte(physical[r], slot, h),
+                                    row.data(), s.dv);
+                    }
+            }
+            for (size_t r = 0; !g.fp8() && r < resident.size(); ++r) {
                 const auto [seq, page] = resident[r];
                 for (int64_t slot = 0; slot < ps && page * ps + slot < s.kv_lens[size_t(seq)]; ++slot)
                     for (int64_t h = 0; h < s.n_kv; ++h) {
@@ -674,6 +726,7 @@ const CaseTensor* find_slot(const CaseData& data, Slot::Kind kind, int index = 0
 }  // namespace
 
 int64_t CaseTensor::numel() const { return product(shape); }
+size_t CaseTensor::bytes(DType dtype) const { return raw.empty() ? size_t(numel()) * dtype_size(dtype) : raw.size(); }
 
 double Tolerance::for_class(DType precision) const {
     switch (precision) {
@@ -750,6 +803,14 @@ std::vector<OpCase> correctness_cases() {
         {5, {.n_pages = 6, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128, .pool_layers = 3, .layer = 1, .pad = 8}, ++seed}));
     cases.push_back(
         kv_store_case({9, {.n_pages = 4, .page_size = 16, .n_kv = 1, .dk = 128, .dv = 128, .dtype = bf16}, ++seed}));
+    // FP8 caches (e4m3 + one f32 scale per row): the stored bytes, scales included, must match exactly.
+    const DType f8 = DType::f8_e4m3;
+    cases.push_back(
+        kv_store_case({7, {.n_pages = 8, .page_size = 16, .n_kv = 2, .dk = 192, .dv = 128, .dtype = f8}, ++seed}));
+    cases.push_back(kv_store_case({5, {.n_pages = 6, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128, .pool_layers = 3,
+                                       .layer = 1, .pad = 8, .dtype = f8}, ++seed}));
+    cases.push_back(
+        kv_store_case({33, {.n_pages = 6, .page_size = 7, .n_kv = 4, .dk = 24, .dv = 16, .dtype = f8}, ++seed}));
 
     // Attention: every variant the models use. Page size 16 with shuffled tables throughout.
     auto attention = [&](AttentionSpec s) {
@@ -781,6 +842,23 @@ std::vector<OpCase> correctness_cases() {
     attention({.label = "odd page", .q_lens = {3, 1}, .kv_lens = {60, 45}, .n_q = 8, .n_kv = 1, .dk = 192, .dv = 128,
                .window = 20, .sinks = true, .page_size = 7});
     attention({.label = "long decode", .q_lens = {1, 1}, .kv_lens = {2048, 1500}, .n_q = 16, .n_kv = 1, .dk = 192, .dv = 128});
+    // FP8 caches: decode, prefill, chunks, sliding window with sinks, GQA 8/16, MHA, odd pages,
+    // split-KV decode, non-causal, pooled like the runner's pages.
+    attention({.label = "fp8 decode", .q_lens = {1, 1, 1, 1}, .kv_lens = {1, 37, 300, 129}, .n_q = 16, .n_kv = 2,
+               .dk = 192, .dv = 128, .pool_layers = 2, .layer = 1, .cache_dtype = f8});
+    attention({.label = "fp8 prefill", .q_lens = {130}, .kv_lens = {130}, .n_q = 16, .n_kv = 2, .dk = 192, .dv = 128,
+               .cache_dtype = f8});
+    attention({.label = "fp8 chunks vs cache", .q_lens = {7, 32, 1, 13}, .kv_lens = {7, 95, 64, 300}, .n_q = 16,
+               .n_kv = 1, .dk = 192, .dv = 128, .cache_dtype = f8});
+    attention({.label = "fp8 pool sliding", .q_lens = {1, 5, 32, 3}, .kv_lens = {200, 150, 161, 33}, .n_q = 16,
+               .n_kv = 2, .dk = 192, .dv = 128, .window = 32, .sinks = true, .pool_layers = 3, .layer = 2, .pad = 8,
+               .cache_dtype = f8});
+    attention({.label = "fp8 small dims odd page", .q_lens = {2, 7, 1}, .kv_lens = {40, 7, 90}, .n_q = 4, .n_kv = 4,
+               .dk = 24, .dv = 16, .window = 16, .sinks = true, .page_size = 7, .cache_dtype = f8});
+    attention({.label = "fp8 long decode", .q_lens = {1, 1}, .kv_lens = {2048, 1500}, .n_q = 16, .n_kv = 1, .dk = 192,
+               .dv = 128, .cache_dtype = f8});
+    attention({.label = "fp8 non-causal", .q_lens = {16, 5}, .kv_lens = {60, 21}, .n_q = 16, .n_kv = 2, .dk = 128,
+               .dv = 128, .window = 8, .causal = false, .cache_dtype = f8});
     attention({.label = "many seqs MHA", .q_lens = {1, 2, 3, 4, 5, 6}, .kv_lens = {6, 50, 33, 17, 90, 6}, .n_q = 4,
                .n_kv = 4, .dk = 128, .dv = 128});
     return cases;
@@ -852,7 +930,7 @@ DType precision_class(const CaseData& data, DType activation) {
 uint64_t case_bytes(const CaseData& data, DType activation) {
     uint64_t bytes = 0;
     for (const CaseTensor& t : data.tensors)
-        if (t.view_of < 0) bytes += uint64_t(t.numel()) * dtype_size(side_dtype(t, activation, false));
+        if (t.view_of < 0) bytes += uint64_t(t.bytes(side_dtype(t, activation, false)));
     return bytes;
 }
 
@@ -877,7 +955,7 @@ PreparedCase::PreparedCase(const CaseData& data, Backend& backend, DType activat
         const CaseTensor& t = data.tensors[i];
         dtypes_[i] = side_dtype(t, activation, reference_side);
         if (t.view_of >= 0) continue;
-        const size_t bytes = size_t(t.numel()) * dtype_size(dtypes_[i]);
+        const size_t bytes = t.bytes(dtypes_[i]);
         buffers_[i] = backend.alloc(bytes);
         pointers_[i] = buffers_[i].data();
         allocated_ += bytes;
@@ -899,8 +977,10 @@ void PreparedCase::reset() {
         const CaseTensor& t = data_.tensors[i];
         if (t.view_of >= 0) continue;
         const DType dtype = dtypes_[i];
-        const Tensor device_tensor(pointers_[i], DType::u8, {int64_t(t.numel() * int64_t(dtype_size(dtype)))});
-        if (t.access == Access::output) {
+        const Tensor device_tensor(pointers_[i], DType::u8, {int64_t(t.bytes(dtype))});
+        if (!t.raw.empty()) {
+            backend_.upload(device_tensor, t.raw.data());  // the case's bytes outlive the synchronize below
+        } else if (t.access == Access::output) {
             staging.emplace_back(device_tensor.nbytes(), char(0xff));  // NaN in f32/bf16/f16, -1 in i32
             backend_.upload(device_tensor, staging.back().data());
         } else if (t.bulk_random > 0) {
@@ -945,8 +1025,13 @@ void PreparedCase::reset() {
 std::vector<float> PreparedCase::download(size_t i) {
     const CaseTensor& t = data_.tensors[i];
     const DType dtype = dtypes_[i];
-    std::vector<char> raw(size_t(t.numel()) * dtype_size(dtype));
+    std::vector<char> raw(t.bytes(dtype));
     backend_.download(Tensor(pointers_[i], DType::u8, {int64_t(raw.size())}), raw.data());
+    if (!t.raw.empty()) {  // byte by byte, exactly (fp8 caches: values and scales alike)
+        std::vector<float> bytes(raw.size());
+        for (size_t k = 0; k < raw.size(); ++k) bytes[k] = float(uint8_t(raw[k]));
+        return bytes;
+    }
     std::vector<float> values(size_t(t.numel()));
     if (dtype == DType::i32) {
         const int32_t* ints = reinterpret_cast<const int32_t*>(raw.data());
@@ -1048,6 +1133,8 @@ std::string format_checks(const CaseResult& result) {
 OpCost op_cost(const CaseData& data, const xinfer_op& op) {
     auto bytes = [](const xinfer_tensor& t) { return t.rank > 0 ? double(from_abi(t).nbytes()) : 0.0; };
     auto esize = [](const xinfer_tensor& t) { return double(dtype_size(DType(t.dtype))); };
+    // fp8 caches read/write one f32 scale per (token, kv head) row besides the values.
+    auto scale_bytes = [](const xinfer_tensor& t) { return t.dtype == XINFER_DTYPE_F8_E4M3 ? double(cpu::kFp8ScaleBytes) : 0.0; };
     OpCost cost;
     switch (op.type) {
         case XINFER_OP_EMBEDDING: {
@@ -1074,7 +1161,8 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
             const double stored = slots ? double(std::count_if(slots->ints.begin(), slots->ints.end(), [](int32_t s) { return s >= 0; })) : 0;
             const xinfer_tensor &k = op.src[0], &v = op.src[1];
             cost.bytes = bytes(k) + bytes(v) + bytes(op.batch.slot_mapping) +
-                         stored * double(k.shape[1]) * (double(k.shape[2]) * esize(op.src[2]) + double(v.shape[2]) * esize(op.src[3]));
+                         stored * double(k.shape[1]) * (double(k.shape[2]) * esize(op.src[2]) + double(v.shape[2]) * esize(op.src[3]) +
+                                                        scale_bytes(op.src[2]) + scale_bytes(op.src[3]));
             break;
         }
         case XINFER_OP_ATTENTION: {
@@ -1086,7 +1174,8 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
             const CaseTensor* positions = find_slot(data, Slot::positions);
             if (!cu || !kv_lens || !positions) break;
             const double key_bytes = double(p.n_kv_heads) * (double(p.head_dim_k) * esize(op.src[1]) +
-                                                             double(p.head_dim_v) * esize(op.src[2]));
+                                                             double(p.head_dim_v) * esize(op.src[2]) +
+                                                             scale_bytes(op.src[1]) + scale_bytes(op.src[2]));
             for (size_t s = 0; s + 1 < cu->ints.size(); ++s) {
                 int64_t lo = std::numeric_limits<int64_t>::max(), hi = -1;
                 for (int32_t t = cu->ints[s]; t < cu->ints[s + 1]; ++t) {

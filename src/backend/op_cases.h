@@ -53,6 +53,10 @@ struct CaseTensor {
     std::vector<int64_t> shape;
     std::vector<float> values;    // float tensors: values before rounding to the tensor's dtype (NaN allowed)
     std::vector<int32_t> ints;    // i32 tensors
+    // Byte contents uploaded as they are, instead of `values` (fp8 KV caches: e4m3 values with
+    // their f32 row scales in each page, src/backend/cpu/kv_fp8.h). The tensor then occupies
+    // raw.size() bytes, whatever its shape says, and compares byte by byte.
+    std::vector<uint8_t> raw;
     // A view into another tensor's memory (one layer's K inside a KV pool with page_stride):
     // no memory or values of its own.
     int view_of = -1;             // index of the backing tensor in CaseData::tensors
@@ -62,6 +66,8 @@ struct CaseTensor {
     float bulk_random = 0.f;
 
     int64_t numel() const;
+    // Device bytes at this dtype (raw.size() for raw tensors).
+    size_t bytes(DType dtype) const;
 };
 
 struct CaseData {

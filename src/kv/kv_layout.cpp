@@ -45,6 +45,17 @@ void validate_group(const KvGroupShape& shape, size_t index, std::set<int>& seen
 
 }  // namespace
 
+int64_t kv_block_elements(DType dtype, int64_t tokens, int64_t n_kv_heads, int64_t head_dim) {
+    // fp8: e4m3 values then one f32 scale (4 bytes = 4 elements) per row.
+    const int64_t scale_elements = dtype == DType::f8_e4m3 ? 4 : 0;
+    return tokens * n_kv_heads * (head_dim + scale_elements);
+}
+
+int64_t kv_bytes_per_token_per_layer(DType dtype, int64_t n_kv_heads, int64_t head_dim_k, int64_t head_dim_v) {
+    return (kv_block_elements(dtype, 1, n_kv_heads, head_dim_k) + kv_block_elements(dtype, 1, n_kv_heads, head_dim_v)) *
+           int64_t(dtype_size(dtype));
+}
+
 int64_t KvLayout::block_tokens() const {
     int64_t block = 1;
     for (const KvGroupLayout& group : groups) block = std::lcm(block, group.tokens_per_page);
@@ -81,9 +92,10 @@ KvLayout make_kv_layout(const std::vector<KvGroupShape>& shapes, DType dtype, in
         group.head_dim_k = shape.head_dim_k;
         group.head_dim_v = shape.head_dim_v;
         group.layers = shape.layers;
-        const int64_t layer_bytes =
-            checked_mul(int64_t(shape.n_kv_heads) * (int64_t(shape.head_dim_k) + shape.head_dim_v), element_bytes,
-                        "bytes per token of one layer");
+        const int64_t scale_bytes = dtype == DType::f8_e4m3 ? 8 : 0;  // fp8: a K and a V f32 scale per head
+        const int64_t layer_bytes = checked_mul(
+            int64_t(shape.n_kv_heads),
+            (int64_t(shape.head_dim_k) + shape.head_dim_v) * element_bytes + scale_bytes, "bytes per token of one layer");
         group.bytes_per_token = checked_mul(layer_bytes, int64_t(shape.layers.size()), "bytes per token of a group");
         const int64_t gcd = std::gcd(common_bytes, group.bytes_per_token);
         common_bytes = checked_mul(common_bytes / gcd, group.bytes_per_token, "the LCM of the groups' bytes per token");
@@ -98,9 +110,10 @@ KvLayout make_kv_layout(const std::vector<KvGroupShape>& shapes, DType dtype, in
 
     for (KvGroupLayout& group : layout.groups) {
         group.tokens_per_page = layout.page_bytes / group.bytes_per_token;
-        // Per layer: K[tokens_per_page, n_kv, dk] then V[tokens_per_page, n_kv, dv], layers back to back.
-        const int64_t k_elements = group.tokens_per_page * group.n_kv_heads * group.head_dim_k;
-        const int64_t v_elements = group.tokens_per_page * group.n_kv_heads * group.head_dim_v;
+        // Per layer: K[tokens_per_page, n_kv, dk] then V[tokens_per_page, n_kv, dv] (fp8: each
+        // followed by its scales), layers back to back.
+        const int64_t k_elements = kv_block_elements(dtype, group.tokens_per_page, group.n_kv_heads, group.head_dim_k);
+        const int64_t v_elements = kv_block_elements(dtype, group.tokens_per_page, group.n_kv_heads, group.head_dim_v);
         for (size_t i = 0; i < group.layers.size(); ++i) {
             group.k_offset.push_back(int64_t(i) * (k_elements + v_elements));
             group.v_offset.push_back(group.k_offset.back() + k_elements);

@@ -207,8 +207,8 @@ MemoryPlan plan_memory(const ModelConfig& config, const PlanOptions& options) {
             if (s.sliding) sliding = &s;
         const KvGroupShape& shape = sliding ? *sliding : shapes.front();
         const int window = sliding ? shape.window : int(std::min<int64_t>(plan.max_model_len, 128));
-        const double layer_kv = double(shape.n_kv_heads) * (shape.head_dim_k + shape.head_dim_v) *
-                                double(dtype_size(options.kv_dtype));
+        const double layer_kv = double(
+            kv_bytes_per_token_per_layer(options.kv_dtype, shape.n_kv_heads, shape.head_dim_k, shape.head_dim_v));
         const LayerSpec& l = config.layers.back();
         const double block_weights = double(config.hidden_size) *
                                      (double(l.n_q_heads) * (l.head_dim_k + l.head_dim_v) / tp +
@@ -306,8 +306,9 @@ std::string MemoryPlan::report() const {
     line(fmt::format("device memory {} × utilization {:.2f} = budget {} per rank (tensor-parallel size {})",
                      bytes_text(double(o.device_memory)), o.gpu_memory_utilization, bytes_text(double(budget_bytes)),
                      o.tensor_parallel_size));
-    line(fmt::format("max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, kv dtype {}", max_model_len,
-                     o.max_num_seqs, o.max_num_batched_tokens, dtype_name(o.kv_dtype)));
+    line(fmt::format("max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, kv dtype {}{}", max_model_len,
+                     o.max_num_seqs, o.max_num_batched_tokens, dtype_name(o.kv_dtype),
+                     o.kv_dtype == DType::f8_e4m3 ? " (+ one f32 scale per token, kv head and K/V)" : ""));
     line("weights per rank:");
     for (const WeightLine& w : weights)
         line(fmt::format("  {:<8} {:>14} sharded (÷{}) + {:>12} replicated (norms, routers)", dtype_name(w.dtype),

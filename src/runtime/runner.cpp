@@ -34,11 +34,9 @@ DType resolve_kv_cache_dtype(const std::string& name, DType activation) {
     if (name == "auto" || name.empty()) return activation;
     if (name == "float32" || name == "f32") return DType::f32;
     if (name == "bfloat16" || name == "bf16") return DType::bf16;
-    if (name == "fp8" || name == "fp8_e4m3" || name == "f8_e4m3")
-        fail("--kv-cache-dtype {}: FP8 KV caches are not supported yet (no backend implements fp8 kv_store/attention); "
-             "use auto, float32 or bfloat16",
-             name);
-    fail("--kv-cache-dtype {}: unknown (expected auto, float32, bfloat16 or fp8)", name);
+    // e4m3 values with one f32 scale per (token, kv head) row, inside the pages (src/kv/kv_layout.h).
+    if (name == "fp8" || name == "fp8_e4m3" || name == "f8_e4m3") return DType::f8_e4m3;
+    fail("--kv-cache-dtype {}: unknown (expected auto, float32, bfloat16, fp8 or fp8_e4m3)", name);
 }
 
 Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
@@ -61,7 +59,8 @@ Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
             const size_t layer = size_t(group.layers[i]);
             layer_group_[layer] = int(g);
             // Layer i's K of page p starts at pool + p·page_elements + k_offset[i] (elements):
-            // the view points at page 0 and AttentionBatch::page_stride steps between pages.
+            // the view points at page 0 and AttentionBatch::page_stride steps between pages. An
+            // fp8 view's shape covers its e4m3 values; their scales follow them in each page.
             char* base = static_cast<char*>(pool_.data());
             const int64_t element = int64_t(dtype_size(layout.dtype));
             caches_[layer].k = Tensor(base + group.k_offset[i] * element, layout.dtype,

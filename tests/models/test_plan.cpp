@@ -39,6 +39,27 @@ TEST(MemoryPlan, MimoV2FlashKvBytes) {
     EXPECT_NE(plan.verdict.find("--tensor-parallel-size"), std::string::npos) << plan.verdict;
 }
 
+// fp8 (e4m3) KV: half the bf16 bytes plus one f32 scale per (token, kv head) for K and for V.
+TEST(MemoryPlan, MimoV2FlashFp8KvBytes) {
+    PlanOptions options = h200(8);
+    options.max_model_len = 262144;
+    const MemoryPlan bf16 = plan_memory(mimo_config(), options);
+    options.kv_dtype = DType::f8_e4m3;
+    const MemoryPlan fp8 = plan_memory(mimo_config(), options);
+    options.tensor_parallel_size = 1;
+    const MemoryPlan fp8_tp1 = plan_memory(mimo_config(), options);
+    EXPECT_EQ(fp8_tp1.full_bytes_per_token, 11808);       // 9 × 4 × (192 + 128 + 8) B
+    EXPECT_EQ(fp8_tp1.sliding_bytes_per_seq, 13099008);   // 39 × 128 × 8 × 328 B
+    // Per rank at TP 8: 1 of 4 full heads, 1 of 8 sliding heads.
+    EXPECT_EQ(fp8.full_bytes_per_token, 11808 / 4);
+    EXPECT_EQ(fp8.sliding_bytes_per_seq, 13099008 / 8);
+    // Same weights and workspace, so the pool holds 640/328 ≈ 1.95× the tokens.
+    EXPECT_TRUE(fp8.fits) << fp8.report();
+    EXPECT_EQ(fp8.weight_bytes, bf16.weight_bytes);
+    EXPECT_GT(fp8.capacity_tokens, bf16.capacity_tokens * 19 / 10) << fp8.report();
+    EXPECT_NE(fp8.report().find("kv dtype f8_e4m3"), std::string::npos) << fp8.report();
+}
+
 TEST(MemoryPlan, MimoV2FlashTensorParallel8Fits) {
     PlanOptions options = h200(8);
     options.max_model_len = 262144;
@@ -100,8 +121,17 @@ TEST(PlanCli, VerdictWhenItDoesNotFit) {
     EXPECT_EQ(status, 0) << out;
     EXPECT_NE(out.find("verdict: fits"), std::string::npos) << out;
     out = run("plan --config " + config + " --device cuda --device-memory 141GiB --kv-cache-dtype fp8", &status);
+    EXPECT_EQ(status, 2) << out;  // the weights still do not fit one device
+    EXPECT_NE(out.find("11,808 B/token"), std::string::npos) << out;
+    EXPECT_NE(out.find("13,099,008 B per sequence"), std::string::npos) << out;
+    out = run("plan --config " + config + " --device cuda --device-memory 141GiB --kv-cache-dtype fp8_e4m3 "
+              "--tensor-parallel-size 8",
+              &status);
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("2,952 B/token"), std::string::npos) << out;
+    out = run("plan --config " + config + " --device cuda --device-memory 141GiB --kv-cache-dtype int4", &status);
     EXPECT_NE(status, 0);
-    EXPECT_NE(out.find("not supported yet"), std::string::npos) << out;
+    EXPECT_NE(out.find("--kv-cache-dtype int4: unknown"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -39,11 +39,18 @@ void expect_consistent(const KvLayout& layout) {
         EXPECT_EQ(group.tokens_per_page * group.bytes_per_token, layout.page_bytes);
         ASSERT_EQ(group.k_offset.size(), group.layers.size());
         ASSERT_EQ(group.v_offset.size(), group.layers.size());
-        const int64_t k_elements = group.tokens_per_page * group.n_kv_heads * group.head_dim_k;
-        const int64_t v_elements = group.tokens_per_page * group.n_kv_heads * group.head_dim_v;
+        // fp8: each block is its e4m3 values followed by one f32 scale per (token, kv head).
+        const int64_t scale_elements = layout.dtype == DType::f8_e4m3 ? 4 : 0;
+        const int64_t k_elements = group.tokens_per_page * group.n_kv_heads * (group.head_dim_k + scale_elements);
+        const int64_t v_elements = group.tokens_per_page * group.n_kv_heads * (group.head_dim_v + scale_elements);
+        EXPECT_EQ(kv_block_elements(layout.dtype, group.tokens_per_page, group.n_kv_heads, group.head_dim_k), k_elements);
         for (size_t i = 0; i < group.layers.size(); ++i) {
             EXPECT_EQ(group.k_offset[i], int64_t(i) * (k_elements + v_elements));
             EXPECT_EQ(group.v_offset[i], group.k_offset[i] + k_elements);  // V at width dv, not padded to dk
+            if (scale_elements) {  // scales 4-byte aligned: values of 4-multiple widths before them
+                EXPECT_EQ((group.k_offset[i] + group.tokens_per_page * group.n_kv_heads * group.head_dim_k) % 4, 0);
+                EXPECT_EQ((group.v_offset[i] + group.tokens_per_page * group.n_kv_heads * group.head_dim_v) % 4, 0);
+            }
         }
         EXPECT_EQ(group.v_offset.back() + v_elements, layout.page_elements()) << "layers fill the page exactly";
         EXPECT_EQ(layout.block_tokens() % group.tokens_per_page, 0);
@@ -72,15 +79,21 @@ TEST(KvLayout, MimoV2FlashBf16) {
     expect_consistent(layout);
 }
 
-TEST(KvLayout, MimoV2FlashFp8HalvesTheBytes) {
+// fp8: e4m3 values (half of bf16) plus one f32 scale per (token, kv head) for K and for V:
+// 328 instead of 640 bytes per head and layer.
+TEST(KvLayout, MimoV2FlashFp8IsHalfPlusScales) {
     const KvLayout bf16 = make_kv_layout(mimo_v2_flash_groups(), DType::bf16);
     const KvLayout fp8 = make_kv_layout(mimo_v2_flash_groups(), DType::f8_e4m3);
-    EXPECT_EQ(fp8.groups[0].bytes_per_token, 11'520);
-    EXPECT_EQ(fp8.groups[1].bytes_per_token, 99'840);
-    EXPECT_EQ(fp8.page_bytes * 2, bf16.page_bytes);
+    EXPECT_EQ(fp8.groups[0].bytes_per_token, 11'808);   // 9 × 4 × (192 + 128 + 2 × 4)
+    EXPECT_EQ(fp8.groups[1].bytes_per_token, 102'336);  // 39 × 8 × 328
+    EXPECT_EQ(kv_bytes_per_token_per_layer(DType::f8_e4m3, 4, 192, 128), 1'312);
+    EXPECT_EQ(kv_bytes_per_token_per_layer(DType::bf16, 4, 192, 128), 2'560);
+    // LCM(11,808, 102,336) = 307,008 = 3 sliding tokens; 6× gives ≥ 16: the same tokens per page as bf16.
+    EXPECT_EQ(fp8.page_bytes, 6 * 307'008);
     EXPECT_EQ(fp8.groups[0].tokens_per_page, 156);
     EXPECT_EQ(fp8.groups[1].tokens_per_page, 18);
-    EXPECT_EQ(fp8.page_elements(), bf16.page_elements());  // 1-byte elements: same count, half the bytes
+    EXPECT_EQ(fp8.page_bytes * 640, bf16.page_bytes * 328);
+    EXPECT_EQ(fp8.page_elements(), fp8.page_bytes);  // 1-byte elements: offsets are byte offsets
     expect_consistent(fp8);
 }
 

@@ -7,6 +7,7 @@
 // Only pages that hold allowed keys are touched, so pages released by a sliding window (-1 in
 // the page table) are never read.
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/kv_fp8.h"
 #include "backend/cpu/simd.h"
 
 #include <algorithm>
@@ -21,18 +22,45 @@ constexpr int64_t kKeyChunk = 32;
 
 bool is_empty(const Tensor& t) { return t.data == nullptr || (t.rank > 0 && t.numel() == 0); }
 
-// `n_rows` cache rows of `row_len` elements, `row_stride` elements apart starting at element
-// `first`, as f32: f32 caches are used in place (same stride), bf16/f16 ones are converted into
-// `scratch` (stride row_len). Returns the rows and their stride.
-std::pair<const float*, int64_t> cache_rows_f32(const Tensor& cache, int64_t first, int64_t n_rows, int64_t row_stride,
-                                                int64_t row_len, std::vector<float>& scratch) {
-    if (cache.dtype == DType::f32) return {cache.as<float>() + first, row_stride};
-    scratch.resize(size_t(n_rows * row_len));
-    const size_t elem = dtype_size(cache.dtype);
-    const char* base = static_cast<const char*>(cache.data);
-    for (int64_t r = 0; r < n_rows; ++r)
-        widen_to_f32(cache.dtype, base + size_t(first + r * row_stride) * elem, scratch.data() + r * row_len, row_len);
-    return {scratch.data(), row_len};
+// One layer's cache as the kernels address it: element i of row (slot, kv head g) of page p is
+// at p·page_stride + (slot·n_kv + g)·d + i; fp8 caches keep their row scales after the values
+// of each page (src/backend/cpu/kv_fp8.h).
+struct CacheView {
+    char* base = nullptr;
+    DType dtype = DType::f32;
+    int64_t page_size = 0, n_kv = 0, d = 0;
+    int64_t page_stride = 0;  // elements
+
+    CacheView(const Tensor& cache, int64_t batch_page_stride)
+        : base(static_cast<char*>(cache.data)), dtype(cache.dtype), page_size(cache.dim(1)), n_kv(cache.dim(2)),
+          d(cache.dim(3)),
+          page_stride(batch_page_stride ? batch_page_stride : kv_cache_page_elements(dtype, page_size, n_kv, d)) {}
+    char* page(int64_t p) const { return base + size_t(p * page_stride) * dtype_size(dtype); }
+    char* row(int64_t p, int64_t row_in_page) const {
+        return page(p) + size_t(row_in_page * d) * dtype_size(dtype);
+    }
+};
+
+// `n_rows` consecutive slots of kv head g starting at (page, slot) as f32 rows of d: f32 caches
+// are used in place (stride n_kv·d), bf16/f16 ones are converted and fp8 ones dequantized with
+// their row scales into `scratch` (stride d). Returns the rows and their stride.
+std::pair<const float*, int64_t> cache_rows_f32(const CacheView& cache, int64_t page, int64_t slot, int64_t g,
+                                                int64_t n_rows, std::vector<float>& scratch) {
+    const int64_t d = cache.d, first_row = slot * cache.n_kv + g;
+    if (cache.dtype == DType::f32)
+        return {reinterpret_cast<const float*>(cache.row(page, first_row)), cache.n_kv * d};
+    scratch.resize(size_t(n_rows * d));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const int64_t row = first_row + r * cache.n_kv;
+        float* dst = scratch.data() + r * d;
+        if (cache.dtype == DType::f8_e4m3) {
+            const float scale = kv_fp8_load_scale(cache.page(page), cache.page_size, cache.n_kv, d, row);
+            kv_fp8_dequantize_row(reinterpret_cast<const uint8_t*>(cache.row(page, row)), scale, d, dst);
+        } else {
+            widen_to_f32(cache.dtype, cache.row(page, row), dst, d);
+        }
+    }
+    return {scratch.data(), d};
 }
 
 // Checks the metadata every sequence-level loop below relies on; returns the sequence of each
@@ -70,8 +98,8 @@ void kv_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Ten
     const char* op = "kv_store";
     check_dtype(op, "k", k, {DType::f32});
     check_dtype(op, "v", v, {DType::f32});
-    check_dtype(op, "k_cache", k_cache, {DType::f32, DType::bf16, DType::f16});
-    check_dtype(op, "v_cache", v_cache, {DType::f32, DType::bf16, DType::f16});
+    check_dtype(op, "k_cache", k_cache, {DType::f32, DType::bf16, DType::f16, DType::f8_e4m3});
+    check_dtype(op, "v_cache", v_cache, {DType::f32, DType::bf16, DType::f16, DType::f8_e4m3});
     check_rank(op, "k", k, 3);
     check_rank(op, "k_cache", k_cache, 4);
     const int64_t T = k.dim(0), n_kv = k.dim(1), dk = k.dim(2);
@@ -87,19 +115,25 @@ void kv_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Ten
             fail("{}: slot_mapping[{}] = {} is beyond the cache's {} pages of {} tokens", op, t, slots[t], n_pages,
                  page_size);
 
-    // Slot s is token s % page_size of page s / page_size; pages are batch.page_stride elements
-    // apart (0: contiguous, i.e. page_size · len).
-    auto store_row = [&](const float* src, const Tensor& cache, int64_t slot, int64_t len) {
-        const int64_t stride = batch.page_stride ? batch.page_stride : page_size * len;
-        const int64_t element = (slot / page_size) * stride + (slot % page_size) * len;
-        void* dst = static_cast<char*>(cache.data) + size_t(element) * dtype_size(cache.dtype);
-        convert_from_f32(src, cache.dtype, dst, len);
+    // Slot s is token s % page_size of page s / page_size (see CacheView for the addressing).
+    const CacheView k_view(k_cache, batch.page_stride), v_view(v_cache, batch.page_stride);
+    auto store_rows = [&](const float* src /*[n_kv, d]*/, const CacheView& cache, int64_t slot) {
+        const int64_t page = slot / page_size, row0 = (slot % page_size) * n_kv, d = cache.d;
+        if (cache.dtype != DType::f8_e4m3) {
+            convert_from_f32(src, cache.dtype, cache.row(page, row0), n_kv * d);
+            return;
+        }
+        for (int64_t g = 0; g < n_kv; ++g) {
+            const float scale =
+                kv_fp8_quantize_row(src + g * d, d, reinterpret_cast<uint8_t*>(cache.row(page, row0 + g)));
+            kv_fp8_store_scale(cache.page(page), page_size, n_kv, d, row0 + g, scale);
+        }
     };
 #pragma omp parallel for schedule(static) if (T * n_kv * (dk + dv) > (1 << 15))
     for (int64_t t = 0; t < T; ++t) {
         if (slots[t] < 0) continue;
-        store_row(k.as<float>() + t * n_kv * dk, k_cache, slots[t], n_kv * dk);
-        store_row(v.as<float>() + t * n_kv * dv, v_cache, slots[t], n_kv * dv);
+        store_rows(k.as<float>() + t * n_kv * dk, k_view, slots[t]);
+        store_rows(v.as<float>() + t * n_kv * dv, v_view, slots[t]);
     }
 }
 
@@ -108,8 +142,8 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
     const char* op = "attention";
     check_dtype(op, "q", q, {DType::f32});
     check_dtype(op, "out", out, {DType::f32});
-    check_dtype(op, "k_cache", k_cache, {DType::f32, DType::bf16, DType::f16});
-    check_dtype(op, "v_cache", v_cache, {DType::f32, DType::bf16, DType::f16});
+    check_dtype(op, "k_cache", k_cache, {DType::f32, DType::bf16, DType::f16, DType::f8_e4m3});
+    check_dtype(op, "v_cache", v_cache, {DType::f32, DType::bf16, DType::f16, DType::f8_e4m3});
     const int64_t n_q = params.n_q_heads, n_kv = params.n_kv_heads, dk = params.head_dim_k, dv = params.head_dim_v;
     if (n_q <= 0 || n_kv <= 0 || n_q % n_kv != 0)
         fail("{}: n_q_heads {} must be a positive multiple of n_kv_heads {}", op, n_q, n_kv);
@@ -135,6 +169,7 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
     const float* sink_data = has_sinks ? sinks.as<float>() : nullptr;
     float* out_data = out.as<float>();
     const float scale = params.softmax_scale;
+    const CacheView k_view(k_cache, batch.page_stride), v_view(v_cache, batch.page_stride);
     ParallelError error;
 
 #pragma omp parallel
@@ -174,14 +209,9 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
                                         op, s, j0, logical_page, page, n_pages));
                         break;
                     }
-                    // Token `offset`, kv head g of the page; pages are page_stride elements apart.
-                    const int64_t row_in_page = offset * n_kv + g;
-                    const int64_t k_stride = batch.page_stride ? batch.page_stride : page_size * n_kv * dk;
-                    const int64_t v_stride = batch.page_stride ? batch.page_stride : page_size * n_kv * dv;
-                    const auto [keys, key_stride] =
-                        cache_rows_f32(k_cache, page * k_stride + row_in_page * dk, n_keys, n_kv * dk, dk, k_scratch);
-                    const auto [values, value_stride] =
-                        cache_rows_f32(v_cache, page * v_stride + row_in_page * dv, n_keys, n_kv * dv, dv, v_scratch);
+                    // Slots offset.. of kv head g of the page.
+                    const auto [keys, key_stride] = cache_rows_f32(k_view, page, offset, g, n_keys, k_scratch);
+                    const auto [values, value_stride] = cache_rows_f32(v_view, page, offset, g, n_keys, v_scratch);
 
                     for (int64_t h = 0; h < group; ++h) {
                         const float* qh = q_data + (t * n_q + g * group + h) * dk;

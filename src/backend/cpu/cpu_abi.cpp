@@ -79,7 +79,9 @@ void dispatch(const xinfer_op& op) {
         case XINFER_OP_KV_STORE: return kv_store(src(0), src(1), src(2), src(3), attention_batch(op));
         case XINFER_OP_ATTENTION:
             if (op.params.attention.k_scale != 1.f || op.params.attention.v_scale != 1.f)
-                fail("cpu: attention with scaled (fp8) caches is not supported");
+                fail("cpu: attention with per-tensor k_scale {} / v_scale {} (expected 1; fp8 caches carry per-row "
+                     "scales in their pages)",
+                     op.params.attention.k_scale, op.params.attention.v_scale);
             return attention(src(0), src(1), src(2), src(3), attention_batch(op), attention_params(op), dst(0));
         case XINFER_OP_MOE_ROUTE: return moe_route(src(0), src(1), router_params(op), dst(0), dst(1));
         case XINFER_OP_MOE_EXPERTS:
