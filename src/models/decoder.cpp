@@ -1,6 +1,7 @@
 #include "models/decoder.h"
 
 #include "core/status.h"
+#include "models/dummy_weights.h"
 
 #include <cmath>
 #include <cstring>
@@ -49,26 +50,10 @@ Tensor DecoderModel::allocate(DType dtype, std::initializer_list<int64_t> shape)
     return t;
 }
 
-// Dummy weights: uniform in ±1/sqrt(fan_in) for matrices (keeps activations O(1) through the
-// layers), 1 ± 0.1 for norm weights. Deterministic for a given seed and load order.
+// Dummy weights (src/models/dummy_weights.h), deterministic for a given seed and load order.
 void DecoderModel::fill_dummy(const Tensor& t, bool is_norm) {
-    const int64_t n = t.numel();
     const uint64_t stream = options_.dummy_seed * 0x9e3779b97f4a7c15ull + (++dummy_counter_) * 0xbf58476d1ce4e5b9ull;
-    const float amplitude = is_norm ? 0.1f : 1.f / std::sqrt(float(t.cols()));
-    std::vector<float> values(static_cast<size_t>(n));
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-        uint64_t z = stream + uint64_t(i) * 0x94d049bb133111ebull;  // splitmix64 finaliser
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        const float unit = float(z >> 40) / float(1ull << 24) * 2.f - 1.f;  // [-1, 1)
-        values[size_t(i)] = (is_norm ? 1.f : 0.f) + amplitude * unit;
-    }
-    std::vector<uint8_t> host(t.nbytes());
-    convert_from_f32(values.data(), t.dtype, host.data(), n);
-    backend_.upload(t, host.data());
-    backend_.synchronize();
+    fill_dummy_weights(backend_, t, is_norm, stream);
 }
 
 Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::initializer_list<int64_t> shape,
