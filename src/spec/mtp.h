@@ -24,6 +24,7 @@
 //    first position has no input before it); RoPE uses the absolute position q, and the window
 //    mask sees slot distances, which equal position distances.
 //  - propose() runs head k ≥ 1 over positions P+1..P+k: position P+j on (out^{k-1}_{P+j-1}, d_{j-1})
+//    (positions below k skipped: a short prompt's chain still has all k+1 drafts)
 //    — out^{k-1}_P from observe, the others from head k−1's own propose rows. These are exactly
 //    the rows teacher forcing would compute if the drafts were the committed tokens, so a draft
 //    chain never attends to a gap, and d_k is a deterministic function of committed tokens and

@@ -200,6 +200,30 @@ TEST(MtpDrafter, BatchedAndChunkingInvariant) {
     EXPECT_TRUE(batched->propose(std::span(&stale, 1))[0].empty());
 }
 
+// A prompt longer than one observe pass (MtpDrafter::kMaxRowsPerPass) in one chunk: passes and
+// the heads' sliding-window page release give the drafts a token-by-token drafter gives.
+TEST(MtpDrafter, LongChunkEqualsSmallChunks) {
+    Target target("mimo_mtp_f32");
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 601; ++i) tokens.push_back(int32_t((i * 7919 + 13) % 509 + 3));
+    const int64_t n = 600;
+    std::vector<std::vector<int32_t>> results;
+    for (int64_t chunk : {n, int64_t(37)}) {
+        auto drafter = target.drafter(3, 1);
+        RunnerOptions options;
+        options.page_size = 4;
+        options.n_pages = 4096;
+        options.feature_layers = {kFinalNormFeature};
+        Runner runner(*target.model, *target.backend, options);
+        for (int64_t start = 0; start < n; start += chunk)
+            step_and_observe(runner, *drafter, {0}, {tokens}, {start}, {std::min(n, start + chunk)});
+        const DraftRequest request{0, tokens, 3};
+        results.push_back(drafter->propose(std::span(&request, 1))[0]);
+    }
+    ASSERT_EQ(results[0].size(), 3u);
+    EXPECT_EQ(results[0], results[1]);
+}
+
 TEST(MtpDrafter, ClearErrors) {
     {
         Target target("mimo_native_f32");  // same target, no MTP tensors

@@ -33,7 +33,8 @@ protected:
     }
     // Tokens per prompt; with MTP also the engine's speculative counters.
     std::vector<std::vector<int32_t>> run(const std::vector<std::vector<int32_t>>& prompts, SchedulerOptions options,
-                                          int max_tokens, bool speculate, SpecCounters* counters = nullptr) {
+                                          int max_tokens, bool speculate, SpecCounters* counters = nullptr,
+                                          std::vector<std::pair<std::vector<int32_t>, int>>* trace = nullptr) {
         Runner runner = make_runner(speculate);
         std::unique_ptr<Drafter> drafter;
         if (speculate) {
@@ -52,6 +53,7 @@ protected:
                 auto& t = tokens[index.at(out.id)];
                 t.insert(t.end(), out.new_tokens.begin(), out.new_tokens.end());
                 if (out.accepted >= 0) EXPECT_LE(size_t(out.accepted), out.proposed.size());
+                if (out.accepted >= 0 && trace) trace->push_back({out.proposed, out.accepted});
             }
         }
         EXPECT_EQ(runner.kv().free_pages(), runner.kv().n_pages()) << "a target page leaked";
@@ -79,11 +81,30 @@ protected:
 TEST_P(MtpEngineTest, GreedyAloneIsLossless) {
     const int max_tokens = 32;
     SpecCounters spec;
-    const auto with = run({fixture_.prompt}, {1, 4096, 0}, max_tokens, true, &spec);
+    std::vector<std::pair<std::vector<int32_t>, int>> trace;  // what --spec-trace writes
+    const auto with = run({fixture_.prompt}, {1, 4096, 0}, max_tokens, true, &spec, &trace);
     const auto without = run({fixture_.prompt}, {1, 4096, 0}, max_tokens, false);
     EXPECT_EQ(with, without);
     EXPECT_GT(spec.num_drafts, 0);
     EXPECT_LE(spec.num_draft_tokens, spec.num_drafts * GetParam().k);
+    if (GetParam().fixture == "mimo_mtp_f32") {
+        // Every step's proposals equal the float64 reference chain at its anchor (decidable
+        // drafts only: margin >= 1e-2 for the draft and all before it; test_mtp.cpp).
+        const std::filesystem::path ref_path = dir_ / "reference_mtp.json";
+        std::ifstream in(ref_path);
+        const nlohmann::json ref = nlohmann::json::parse(in);
+        const auto chains = ref.at("chain_drafts").get<std::vector<std::vector<int32_t>>>();
+        const auto margins = ref.at("chain_margins").get<std::vector<std::vector<double>>>();
+        int64_t P = int64_t(fixture_.prompt.size()) - 1;  // last committed position before the anchor
+        size_t compared = 0;
+        for (const auto& [proposed, accepted] : trace) {
+            if (P >= int64_t(chains.size())) break;
+            for (size_t j = 0; j < proposed.size() && margins[size_t(P)][j] >= 1e-2; ++j, ++compared)
+                EXPECT_EQ(proposed[j], chains[size_t(P)][j]) << "anchor " << P + 1 << " draft " << j;
+            P += accepted + 1;
+        }
+        EXPECT_GE(compared, size_t(20 * GetParam().k));
+    }
     std::printf("%s k=%d: %lld drafts, %lld draft tokens, %lld accepted, mean acceptance length %.3f\n",
                 GetParam().fixture.c_str(), GetParam().k, (long long)spec.num_drafts, (long long)spec.num_draft_tokens,
                 (long long)spec.num_accepted_tokens, spec.mean_acceptance_length());
