@@ -5,7 +5,8 @@
 #   2. cuda-op-check: every op of libxinfer-cuda.so against host references, graph capture,
 #      and timings on MiMo-V2-Flash shapes;
 #   3. the engine's checks once they exist: `xinfer ops-test --backend cuda` (every op against
-#      the CPU oracle), golden fixtures on cuda, xray (TODO hooks below);
+#      the CPU oracle), golden fixtures on cuda, decode graphs (replay vs eager), xray, and a
+#      batch-1 decode bench with and without graphs;
 # and writes everything under $OUT (or ./gpu-check-out): summary.txt first, logs beside it.
 #
 #   scripts/gpu-check.sh [--no-timing] [--rebuild] [--skip-engine]
@@ -91,6 +92,23 @@ if [ $engine = 1 ]; then
         [ "$rc" = 0 ] || status=1
         note "golden fixtures on cuda (--dtype auto): rc $rc"
         grep -E '^\[ (logits|greedy)|FAILED  \]' "$OUT/golden-cuda.log" >>"$summary"
+        # Decode graphs: a replay equals the eager padded step it was captured from bit for bit,
+        # and greedy decoding with graphs follows eager decoding (src/runtime/graph_runner.h).
+        XINFER_TEST_DEVICE=cuda build/bin/test_models --gtest_filter='DeviceGraphs.*' >"$OUT/graphs-cuda.log" 2>&1
+        rc=$?
+        [ "$rc" = 0 ] || status=1
+        note "decode graphs on cuda (replay vs eager): rc $rc"
+        grep -E '^\[ graphs|FAILED  \]' "$OUT/graphs-cuda.log" >>"$summary"
+    fi
+    if [ -x build/bin/xinfer ] && [ -z "$timing_flag" ]; then
+        # Batch-1 decode with and without graphs on a small dense model (dummy weights).
+        for mode in graphs eager; do
+            flag=""
+            [ $mode = eager ] && flag=--enforce-eager
+            build/bin/xinfer bench --model bench/models/qwen3_1_7b --load-format dummy --device cuda \
+                --prompt-len 512 --gen-len 64 $flag >"$OUT/bench-qwen3-$mode.log" 2>&1
+            note "bench qwen3_1_7b batch-1 decode ($mode): $(grep -E '^decode:' "$OUT/bench-qwen3-$mode.log" | head -1)"
+        done
     fi
     if [ -x build/bin/xinfer ]; then
         for fixture in mimo_hub_f32 qwen3_f32 mimo_hub_fp8; do

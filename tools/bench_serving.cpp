@@ -98,6 +98,7 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
     engine_options.max_num_batched_tokens = options.max_num_batched_tokens;
     engine_options.max_model_len = options.input_len + options.output_len;
     engine_options.kv_cache_dtype = options.kv_cache_dtype;
+    engine_options.enforce_eager = model.enforce_eager;
     if (model.max_cached_tokens > 0) engine_options.kv_cache_tokens = model.max_cached_tokens;
     std::unique_ptr<Engine> engine = Engine::create(engine_options);
 

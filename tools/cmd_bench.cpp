@@ -76,7 +76,13 @@ void add_bench_command(CLI::App& app) {
         RunnerOptions runner_options;
         runner_options.kv_cache_dtype = options->serving.kv_cache_dtype;
         runner_options.max_cached_tokens = options->prompt_len + options->gen_len + 16;
+        runner_options.enforce_eager = options->model.enforce_eager || !options->profile.empty();
+        runner_options.max_graph_batch = 1;
         Runner runner(*loaded.model, backend, runner_options);
+        // Captured before the timed steps, as an engine does at startup.
+        const double capture_start = now_seconds();
+        const int captured = runner.capture_graphs();
+        const double capture_seconds = now_seconds() - capture_start;
 
         std::unique_ptr<Profiler> profiler;
         if (!options->profile.empty()) profiler = std::make_unique<Profiler>(backend);
@@ -118,7 +124,11 @@ void add_bench_command(CLI::App& app) {
         fmt::print("measured copy bandwidth: {:.2f} GB/s\n", bandwidth_gbps);
         fmt::print("prefill: {} tokens in {:.3f} s = {:.1f} tokens/s ({:.1f} GFLOP/s matmul)\n", options->prompt_len,
                    prefill_seconds, prefill_tps, prefill_gflops);
-        fmt::print("decode:  {} tokens in {:.3f} s = {:.2f} tokens/s\n", options->gen_len, decode_seconds, decode_tps);
+        fmt::print("decode:  {} tokens in {:.3f} s = {:.2f} tokens/s ({})\n", options->gen_len, decode_seconds, decode_tps,
+                   runner.graphs_enabled()
+                       ? fmt::format("graphs: {} captured in {:.2f} s, {} replays", captured, capture_seconds,
+                                     runner.graph_stats().replays)
+                       : std::string("eager"));
         fmt::print("decode bytes/token: {:.1f} MB weights + {:.2f} MB KV = {:.1f} MB\n", weight_bytes / 1e6,
                    kv_bytes / 1e6, bytes_per_token / 1e6);
         fmt::print("decode achieved {:.2f} GB/s = {:.1f}% of measured bandwidth (roofline {:.2f} tokens/s)\n",
@@ -128,6 +138,7 @@ void add_bench_command(CLI::App& app) {
                                {"decode_bytes_per_token", bytes_per_token},
                                {"copy_bandwidth_gbps", bandwidth_gbps},
                                {"decode_bandwidth_fraction", achieved_gbps / bandwidth_gbps},
+                               {"decode_graphs", runner.graphs_enabled()},
                                {"prefill_gflops", prefill_gflops}};
         fmt::print("{}\n", line.dump());
         if (profiler) {

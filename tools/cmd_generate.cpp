@@ -45,6 +45,7 @@ void add_generate_command(CLI::App& app) {
         const std::vector<int32_t> prompt = parse_ids(options->prompt_ids);
         LoadedModel loaded = load(options->model);
         RunnerOptions runner_options;
+        runner_options.enforce_eager = options->model.enforce_eager;
         runner_options.kv_cache_dtype = options->kv_cache_dtype;
         runner_options.max_cached_tokens = options->model.max_cached_tokens > 0
                                                ? options->model.max_cached_tokens

@@ -19,6 +19,8 @@ void ModelOptions::add_to(CLI::App& app) {
     app.add_option("--dtype", dtype, "Activation dtype on accelerators: auto (the checkpoint's), float32, bfloat16")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))
         ->default_val("auto");
+    app.add_flag("--enforce-eager", enforce_eager,
+                 "Run decode steps eagerly instead of replaying captured graphs (also XINFER_CUDA_GRAPHS=0)");
 }
 
 LoadedModel load(const ModelOptions& options) {

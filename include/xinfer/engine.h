@@ -38,6 +38,9 @@ struct EngineOptions {
     // vLLM's --speculative-config JSON: {"method": "dflash"|"mtp"|"ngram", "model": DIR,
     // "num_speculative_tokens": k, "prompt_lookup_min"/"prompt_lookup_max"}. Empty: none.
     std::string speculative_config;
+    // Run every step eagerly instead of replaying captured decode graphs (vLLM's --enforce-eager;
+    // XINFER_CUDA_GRAPHS=0 does the same).
+    bool enforce_eager = false;
 };
 
 // Speculative decoding counters (vLLM's spec_decode_* metrics): a draft is one verified chain.

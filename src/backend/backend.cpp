@@ -221,10 +221,15 @@ void Backend::graph_begin() {
 void* Backend::graph_end() {
     void* graph = nullptr;
     check(api_->graph_end(ctx_, &graph), "graph_end");
+    if (graph) ++live_graphs_;
     return graph;
 }
 void Backend::graph_launch(void* graph) { check(api_->graph_launch(ctx_, graph), "graph_launch"); }
-void Backend::graph_destroy(void* graph) { api_->graph_destroy(ctx_, graph); }
+void Backend::graph_destroy(void* graph) {
+    if (!graph) return;
+    api_->graph_destroy(ctx_, graph);
+    --live_graphs_;
+}
 
 void* Backend::event_record() {
     void* event = nullptr;

@@ -144,6 +144,8 @@ public:
     // one to profile (nullptr removes it).
     using OpObserver = std::function<void(const xinfer_op& op, double host_start_us, double host_end_us)>;
     void set_op_observer(OpObserver observer) { observer_ = std::move(observer); }
+    // A graph replay would hide every op from the observer, so graph runners run eagerly while one is set.
+    bool has_op_observer() const { return bool(observer_); }
 
     // Optional capabilities of the plugin.
     bool has_graphs() const { return api_->graph_begin != nullptr; }
@@ -151,6 +153,9 @@ public:
     void* graph_end();
     void graph_launch(void* graph);
     void graph_destroy(void* graph);
+    // Graphs made by graph_end and not yet destroyed. While any exist, device memory they were
+    // captured with must outlive them (Workspace retires instead of freeing a grown slot).
+    int live_graphs() const { return live_graphs_; }
     bool has_events() const { return api_->event_record != nullptr; }
     void* event_record();
     float event_elapsed_ms(void* start, void* end);
@@ -165,6 +170,7 @@ private:
     std::string label_;
     xinfer_device_props props_{};
     int layer_ = -1;
+    int live_graphs_ = 0;
     OpObserver observer_;
 };
 

@@ -8,7 +8,14 @@ Tensor Workspace::make(DType dtype, std::initializer_list<int64_t> dims) {
     if (next_ == slots_.size()) slots_.emplace_back();
     Buffer& slot = slots_[next_++];
     // Grow with 25% headroom so slowly growing shapes (prefill chunks, batch sizes) settle.
-    if (slot.bytes() < bytes) slot = backend_.alloc(bytes + bytes / 4);
+    if (slot.bytes() < bytes) {
+        if (backend_.live_graphs() > 0) {
+            if (slot.data()) retired_.push_back(std::move(slot));
+        } else {
+            retired_.clear();  // no graph can point into them any more
+        }
+        slot = backend_.alloc(bytes + bytes / 4);
+    }
     t.data = slot.data();
     return t;
 }

@@ -2,7 +2,9 @@
 // reset() gets slot i, which keeps its allocation from earlier steps when large enough — a
 // forward pass requests the same sequence of tensors every step, so steady-state steps
 // allocate nothing (and on the CPU fault in no fresh pages). Tensors are valid until the next
-// reset(). Required for CUDA-graph replay, which needs stable addresses.
+// reset(). Required for CUDA-graph replay, which needs stable addresses: while the backend has
+// live graphs, a slot that must grow keeps its old buffer alive (retired) because a captured
+// graph may still point into it.
 #pragma once
 
 #include "backend/backend.h"
@@ -20,6 +22,7 @@ public:
 private:
     Backend& backend_;
     std::vector<Buffer> slots_;
+    std::vector<Buffer> retired_;  // outgrown slots kept for live graphs
     size_t next_ = 0;
 };
 

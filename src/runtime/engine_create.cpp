@@ -84,7 +84,11 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     runner_options.n_pages = plan.n_pages;
     runner_options.kv_cache_dtype = options.kv_cache_dtype;
     runner_options.enable_prefix_caching = options.enable_prefix_caching;
+    runner_options.enforce_eager = options.enforce_eager;
+    runner_options.max_graph_batch = options.max_num_seqs;
+    runner_options.max_seq_len = std::min<int64_t>(plan.max_model_len, kMaxGraphSeqLen);
     auto runner = std::make_unique<Runner>(*model, *backend, runner_options);
+    runner->capture_graphs();  // at startup, as vLLM: the first decode steps then replay
 
     SchedulerOptions scheduler_options;
     scheduler_options.max_num_seqs = options.max_num_seqs;

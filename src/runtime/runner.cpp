@@ -1,6 +1,7 @@
 #include "runtime/runner.h"
 
 #include "core/status.h"
+#include "runtime/memory_plan.h"
 
 #include <algorithm>
 
@@ -44,7 +45,9 @@ Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
       backend_(backend),
       workspace_(backend),
       kv_(make_manager(model, options)),
-      feature_layers_(options.feature_layers) {
+      feature_layers_(options.feature_layers),
+      options_(options),
+      graphs_enabled_(!options.enforce_eager && backend.has_graphs() && !graphs_disabled_by_env()) {
     for (int layer : feature_layers_)
         XINFER_CHECK(layer == kFinalNormFeature || (layer >= 0 && layer < int(model.config().layers.size())),
                      "feature layer {} outside the target's {} layers", layer, model.config().layers.size());
@@ -73,8 +76,27 @@ Runner::Runner(Model& model, Backend& backend, RunnerOptions options)
         XINFER_CHECK(layer_group_[layer] >= 0, "layer {} belongs to no KV group", layer);
 }
 
+DecodeGraphs& Runner::decode_graphs() {
+    if (!graphs_) {
+        int64_t max_seq_len = options_.max_seq_len;
+        if (max_seq_len <= 0)
+            max_seq_len = options_.n_pages > 0
+                              ? std::min<int64_t>(kMaxGraphSeqLen, max_sequence_tokens(kv_.layout(), kv_.n_pages(), 1))
+                              : options_.max_cached_tokens;
+        graphs_ = std::make_unique<DecodeGraphs>(model_, backend_, kv_, caches_, layer_group_, options_.max_graph_batch,
+                                                 std::max<int64_t>(1, max_seq_len));
+    }
+    return *graphs_;
+}
+
+int Runner::capture_graphs() { return graphs_enabled_ ? decode_graphs().capture_all() : 0; }
+
 std::vector<float> Runner::forward(std::span<const SequenceChunk> chunks, const TapFn& tap) {
     XINFER_CHECK(!chunks.empty(), "empty step");
+    // Plain decode steps replay their bucket's graph; a graph would hide taps, the feature
+    // copies and per-op observation, so those steps run eagerly.
+    if (graphs_enabled_ && !tap && feature_layers_.empty() && !backend_.has_op_observer() && is_plain_decode(chunks))
+        if (std::optional<std::vector<float>> logits = decode_graphs().forward(chunks)) return std::move(*logits);
     const KvLayout& layout = kv_.layout();
     std::vector<int32_t> token_ids, positions, cu_q_lens{0}, kv_lens, logit_rows;
     for (const SequenceChunk& chunk : chunks) {

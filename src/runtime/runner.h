@@ -14,8 +14,10 @@
 #include "backend/workspace.h"
 #include "kv/kv_cache_manager.h"
 #include "models/model.h"
+#include "runtime/graph_runner.h"
 #include "spec/drafter.h"
 
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -45,6 +47,17 @@ struct RunnerOptions {
     // Hidden states every forward exports for a drafter (Drafter::feature_layers(): decoder
     // layer outputs, kFinalNormFeature for the final-normed state). Empty: none.
     std::vector<int> feature_layers;
+    // Decode steps (every chunk one token) replay captured graphs on backends that support
+    // capture (src/runtime/graph_runner.h); true (vLLM's --enforce-eager), or XINFER_CUDA_GRAPHS=0
+    // in the environment, runs every step eagerly. Steps with a tap, feature export or an op
+    // observer (profiler) always run eagerly.
+    bool enforce_eager = false;
+    // Decode batches up to this many sequences are captured (buckets 1, 2, 4, ..., at most 64).
+    int max_graph_batch = kMaxGraphBatch;
+    // Longest sequence a decode graph covers; it fixes each group's page-table width, so keep it
+    // near the real limit (max_model_len). Longer sequences' steps run eagerly. 0: max_cached_tokens
+    // when n_pages is 0, else the longest sequence the pool holds alone (at most kMaxGraphSeqLen).
+    int64_t max_seq_len = 0;
 };
 
 // The model's layer groups as make_kv_layout shapes (same order as kv_groups_for()).
@@ -55,6 +68,9 @@ DType resolve_kv_cache_dtype(const std::string& name, DType activation);
 class Runner {
 public:
     Runner(Model& model, Backend& backend, RunnerOptions options);
+    // Captured graphs point into this object's pool and caches: it never moves.
+    Runner(const Runner&) = delete;
+    Runner& operator=(const Runner&) = delete;
 
     // One forward pass over chunks whose pages are allocated in kv(). Returns host logits
     // [n_out, vocab], rows in chunk order (every token of an all_logits chunk, else its last).
@@ -63,6 +79,13 @@ public:
     // commits the tokens.
     std::vector<float> step(std::span<const SequenceChunk> chunks, const TapFn& tap = {});
     void release(int seq);  // frees a sequence of step() (no-op if unknown)
+
+    // Whether decode steps may replay graphs (backend support, options, environment).
+    bool graphs_enabled() const { return graphs_enabled_; }
+    // Captures every decode bucket's graph now instead of at each bucket's first step (vLLM
+    // captures at startup); writes no K/V. Returns the number captured (0 when graphs are off).
+    int capture_graphs();
+    GraphStats graph_stats() const { return graphs_ ? graphs_->stats() : GraphStats{}; }
 
     KvCacheManager& kv() { return kv_; }
     const KvCacheManager& kv() const { return kv_; }
@@ -77,6 +100,7 @@ public:
 private:
     TapFn exporting_tap(int64_t n_tokens, const TapFn& user_tap);
     void gather_features(int64_t n_tokens);
+    DecodeGraphs& decode_graphs();  // created on first use (needs the finished KV views)
 
     Model& model_;
     Backend& backend_;
@@ -90,6 +114,9 @@ private:
     Tensor features_;                    // [n_tokens, n_features * hidden]
     std::vector<int32_t> feature_rows_;  // host copy of the gather indices of the last forward
     std::unordered_map<int, std::vector<int32_t>> step_tokens_;  // step() sequences' tokens so far
+    RunnerOptions options_;
+    bool graphs_enabled_ = false;
+    std::unique_ptr<DecodeGraphs> graphs_;  // last: destroyed (graphs first) before the pool and caches
 };
 
 }  // namespace xinfer

@@ -1,0 +1,253 @@
+#include "runtime/graph_runner.h"
+
+#include "core/status.h"
+#include "runtime/runner.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+namespace xinfer {
+
+std::vector<int> decode_graph_batch_sizes(int max_batch) {
+    std::vector<int> sizes;
+    for (int size = 1; size <= kMaxGraphBatch && max_batch > 0; size *= 2) {
+        sizes.push_back(size);
+        if (size >= max_batch) break;
+    }
+    return sizes;
+}
+
+int pick_graph_batch(std::span<const int> sizes, int n) {
+    if (n <= 0) return 0;
+    for (int size : sizes)
+        if (size >= n) return size;
+    return 0;
+}
+
+bool is_plain_decode(std::span<const SequenceChunk> chunks) {
+    if (chunks.empty()) return false;
+    return std::all_of(chunks.begin(), chunks.end(), [](const SequenceChunk& c) { return c.tokens.size() == 1; });
+}
+
+bool graphs_disabled_by_env() {
+    const char* value = std::getenv("XINFER_CUDA_GRAPHS");
+    if (!value) return false;
+    const std::string_view v(value);
+    return v == "0" || v == "false" || v == "off" || v == "no";
+}
+
+DecodeMetadataLayout decode_metadata_layout(int batch, std::span<const int64_t> widths) {
+    XINFER_CHECK(batch > 0, "decode graph batch {} must be positive", batch);
+    DecodeMetadataLayout layout;
+    layout.batch = batch;
+    layout.widths.assign(widths.begin(), widths.end());
+    int64_t at = 0;
+    auto take = [&](int64_t n) {
+        const int64_t offset = at;
+        at += (n + 3) / 4 * 4;  // 16-byte aligned fields
+        return offset;
+    };
+    layout.token_ids = take(batch);
+    layout.positions = take(batch);
+    layout.cu_q_lens = take(batch + 1);
+    layout.kv_lens = take(batch);
+    layout.logit_rows = take(batch);
+    for (int64_t width : widths) {
+        XINFER_CHECK(width > 0, "page-table width {} must be positive", width);
+        layout.page_tables.push_back(take(batch * width));
+        layout.slot_mappings.push_back(take(batch));
+    }
+    layout.size = at;
+    return layout;
+}
+
+bool fill_decode_metadata(const DecodeMetadataLayout& layout, std::span<const DecodeRow> rows,
+                          std::span<const int64_t> tokens_per_page, std::vector<int32_t>& out) {
+    const size_t n_groups = layout.widths.size();
+    XINFER_CHECK(tokens_per_page.size() == n_groups, "{} groups' tokens_per_page for {} page tables",
+                 tokens_per_page.size(), n_groups);
+    if (rows.size() > size_t(layout.batch)) return false;
+    for (const DecodeRow& row : rows) {
+        XINFER_CHECK(row.tables.size() == n_groups, "decode row has {} page tables for {} groups", row.tables.size(),
+                     n_groups);
+        for (size_t g = 0; g < n_groups; ++g)
+            if (row.position / tokens_per_page[g] >= layout.widths[g]) return false;
+    }
+    // Inert rows: token 0 at position 0 with no keys (kv_len 0) and no slot (-1): they write no
+    // K/V and attend to nothing; their outputs are computed and ignored.
+    out.assign(size_t(layout.size), 0);
+    for (size_t g = 0; g < n_groups; ++g) {
+        std::fill_n(out.begin() + layout.page_tables[g], layout.batch * layout.widths[g], -1);
+        std::fill_n(out.begin() + layout.slot_mappings[g], layout.batch, -1);
+    }
+    for (int s = 0; s < layout.batch; ++s) {
+        out[size_t(layout.cu_q_lens + s + 1)] = s + 1;  // one query row per sequence, padded ones too
+        out[size_t(layout.logit_rows + s)] = s;
+    }
+    for (size_t s = 0; s < rows.size(); ++s) {
+        const DecodeRow& row = rows[s];
+        out[size_t(layout.token_ids) + s] = row.token;
+        out[size_t(layout.positions) + s] = int32_t(row.position);
+        out[size_t(layout.kv_lens) + s] = int32_t(row.position + 1);
+        for (size_t g = 0; g < n_groups; ++g) {
+            const std::vector<int32_t>& pages = *row.tables[g];
+            const int64_t per_page = tokens_per_page[g], logical = row.position / per_page;
+            XINFER_CHECK(logical < int64_t(pages.size()) && pages[size_t(logical)] >= 0,
+                         "decode row {} group {}: position {} lies on a page that is not resident ({} pages)", s, g,
+                         row.position, pages.size());
+            const size_t n = std::min(pages.size(), size_t(layout.widths[g]));
+            std::copy_n(pages.begin(), n, out.begin() + layout.page_tables[g] + int64_t(s) * layout.widths[g]);
+            out[size_t(layout.slot_mappings[g]) + s] = int32_t(pages[size_t(logical)] * per_page + row.position % per_page);
+        }
+    }
+    return true;
+}
+
+DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, const KvCacheManager& kv,
+                           const std::vector<LayerCache>& caches, const std::vector<int>& layer_group, int max_batch,
+                           int64_t max_seq_len)
+    : model_(model),
+      backend_(backend),
+      kv_(kv),
+      caches_(caches),
+      layer_group_(layer_group),
+      sizes_(decode_graph_batch_sizes(max_batch)) {
+    XINFER_CHECK(max_seq_len > 0, "decode graphs need a positive max_seq_len, got {}", max_seq_len);
+    const KvLayout& layout = kv_.layout();
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+        tokens_per_page_.push_back(layout.groups[g].tokens_per_page);
+        widths_.push_back(std::max<int64_t>(1, layout.pages_for(int(g), max_seq_len)));
+    }
+    int64_t metadata_elements = 0;
+    for (int size : sizes_) {
+        buckets_.push_back({decode_metadata_layout(size, widths_)});
+        metadata_elements = std::max(metadata_elements, buckets_.back().layout.size);
+    }
+    if (sizes_.empty()) return;
+    metadata_ = backend_.alloc(size_t(metadata_elements) * sizeof(int32_t));
+    logits_ = backend_.alloc(size_t(sizes_.back()) * size_t(model_.config().vocab_size) * sizeof(float));
+}
+
+DecodeGraphs::~DecodeGraphs() {
+    for (Bucket& bucket : buckets_)
+        if (bucket.graph) backend_.graph_destroy(bucket.graph);
+}
+
+ForwardBatch DecodeGraphs::batch_for(const Bucket& bucket) const {
+    const DecodeMetadataLayout& L = bucket.layout;
+    int32_t* base = static_cast<int32_t*>(metadata_.data());
+    auto view = [&](int64_t offset, std::initializer_list<int64_t> dims) { return Tensor(base + offset, DType::i32, dims); };
+    const int64_t n = L.batch;
+    ForwardBatch batch;
+    batch.n_tokens = L.batch;
+    batch.token_ids = view(L.token_ids, {n});
+    batch.positions = view(L.positions, {n});
+    batch.logit_rows = view(L.logit_rows, {n});
+    for (size_t g = 0; g < L.widths.size(); ++g) {
+        AttentionBatch group;
+        group.n_seqs = L.batch;
+        group.max_pages_per_seq = int(L.widths[g]);
+        group.cu_q_lens = view(L.cu_q_lens, {n + 1});
+        group.kv_lens = view(L.kv_lens, {n});
+        group.positions = batch.positions;
+        group.page_table = view(L.page_tables[g], {n, L.widths[g]});
+        group.slot_mapping = view(L.slot_mappings[g], {n});
+        group.page_stride = kv_.layout().page_elements();
+        batch.groups.push_back(group);
+    }
+    batch.layer_group = layer_group_;
+    batch.caches = caches_;
+    return batch;
+}
+
+Tensor DecodeGraphs::logits_for(int rows) const {
+    return Tensor(logits_.data(), DType::f32, {int64_t(rows), model_.config().vocab_size});
+}
+
+void DecodeGraphs::upload_metadata(const Bucket& bucket) {
+    XINFER_CHECK(int64_t(staging_.size()) == bucket.layout.size, "staged {} metadata elements for a layout of {}",
+                 staging_.size(), bucket.layout.size);
+    backend_.upload(Tensor(metadata_.data(), DType::i32, {bucket.layout.size}), staging_.data());
+}
+
+void DecodeGraphs::capture(Bucket& bucket) {
+    const ForwardBatch batch = batch_for(bucket);
+    const Tensor logits = logits_for(bucket.layout.batch);
+    // The eager run sizes the plugin's scratch and the model's workspace slots for these shapes
+    // (nothing may allocate during capture); its logits are this step's result.
+    model_.forward(batch, logits);
+    try {
+        backend_.graph_begin();
+        try {
+            model_.forward(batch, logits);
+        } catch (...) {
+            // Close the capture so the stream is usable again; the partial graph is discarded.
+            void* partial = nullptr;
+            try {
+                partial = backend_.graph_end();
+            } catch (...) {
+            }
+            if (partial) backend_.graph_destroy(partial);
+            throw;
+        }
+        bucket.graph = backend_.graph_end();
+        ++stats_.captures;
+    } catch (const std::exception& e) {
+        bucket.failed = true;
+        ++stats_.failed_captures;
+        fmt::print(stderr, "warning: {}: capturing the decode graph of batch {} failed; that batch runs eagerly: {}\n",
+                   backend_.name(), bucket.layout.batch, e.what());
+    }
+}
+
+std::optional<std::vector<float>> DecodeGraphs::forward(std::span<const SequenceChunk> chunks) {
+    const int n = int(chunks.size());
+    const int size = pick_graph_batch(sizes_, n);
+    if (size == 0 || !is_plain_decode(chunks)) return std::nullopt;
+    Bucket& bucket = buckets_[size_t(std::find(sizes_.begin(), sizes_.end(), size) - sizes_.begin())];
+    if (bucket.failed) return std::nullopt;
+
+    std::vector<DecodeRow> rows(chunks.size());
+    for (size_t s = 0; s < chunks.size(); ++s) {
+        const SequenceChunk& chunk = chunks[s];
+        XINFER_CHECK(kv_.allocated_tokens(chunk.seq) >= chunk.start_position + 1,
+                     "sequence {} has {} tokens allocated, needs {}", chunk.seq, kv_.allocated_tokens(chunk.seq),
+                     chunk.start_position + 1);
+        rows[s].token = chunk.tokens[0];
+        rows[s].position = chunk.start_position;
+        for (size_t g = 0; g < widths_.size(); ++g) rows[s].tables.push_back(&kv_.page_table(chunk.seq, int(g)));
+    }
+    if (!fill_decode_metadata(bucket.layout, rows, tokens_per_page_, staging_)) return std::nullopt;
+    upload_metadata(bucket);
+    if (bucket.graph) {
+        backend_.graph_launch(bucket.graph);
+        ++stats_.replays;
+    } else {
+        capture(bucket);
+        ++stats_.capture_steps;
+    }
+    const int64_t vocab = model_.config().vocab_size;
+    std::vector<float> host(size_t(n) * size_t(vocab));
+    backend_.download(logits_for(n), host.data());
+    backend_.synchronize();
+    return host;
+}
+
+int DecodeGraphs::capture_all() {
+    int captured = 0;
+    for (Bucket& bucket : buckets_) {
+        if (bucket.graph || bucket.failed) continue;
+        fill_decode_metadata(bucket.layout, {}, tokens_per_page_, staging_);  // every row inert
+        upload_metadata(bucket);
+        capture(bucket);
+        backend_.synchronize();  // staging_ is refilled for the next bucket
+        captured += bucket.graph ? 1 : 0;
+    }
+    return captured;
+}
+
+}  // namespace xinfer
