@@ -118,7 +118,8 @@ DFlashConfig read_dflash_config(const Checkpoint& checkpoint, const ModelConfig&
 
     // Block.
     if (cfg.has("block_size")) c.block_size = int(cfg.get_int("block_size"));
-    else c.block_size = int(dflash.get_int("block_size"));  // missing in both: "missing required field"
+    else if (dflash.has("block_size")) c.block_size = int(dflash.get_int("block_size"));
+    else fail("{}: missing required field 'block_size' (top level, or dflash_config.block_size)", path);
     if (c.block_size < 2 || c.block_size > 32)
         fail("{}: field 'block_size': expected 2..32 (anchor + up to 31 drafts), found {}", path, c.block_size);
 

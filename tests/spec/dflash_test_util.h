@@ -110,7 +110,7 @@ struct DFlashReference {
     int block_size = 0;
     int max_new_tokens = 0;
     std::vector<RefStep> steps;
-    std::vector<std::vector<float>> draft_logits;  // first steps, [B-1, vocab] each
+    std::vector<std::vector<float>> draft_logits;  // per step, [B-1, vocab] each
 };
 
 inline DFlashReference load_reference(const std::string& fixture) {
