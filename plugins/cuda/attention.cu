@@ -24,6 +24,7 @@
 // scale = amax / 448, q = e4m3_rn_satfinite(x / scale); the bytes must match exactly), and
 // ATTENTION dequantizes float(q) · scale while filling the bf16 K/V tiles, so the tensor-core
 // path is the same for every cache dtype.
+#include "attention_exact.h"
 #include "common.h"
 #include "device_utils.cuh"
 
@@ -549,6 +550,35 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
         return unsupported(c, op, "%s: needs %d bytes of shared memory, device allows %zu", shapes().c_str(), L.total,
                            c->smem_optin);
     if (!run || T == 0 || b.n_seqs == 0) return XINFER_OK;
+    // f32 activations take the exact CUDA-core path (bf16 tensor cores would round Q, K, V, P).
+    if (exact_attention_supported(q.dtype, out.dtype, k_cache.dtype, v_cache.dtype)) {
+        ExactAttentionArgs e{};
+        e.q = static_cast<const float*>(q.data);
+        e.k_cache = k_cache.data;
+        e.v_cache = v_cache.data;
+        e.sinks = absent(sinks) ? nullptr : static_cast<const float*>(sinks.data);
+        e.out = static_cast<float*>(out.data);
+        e.cu_q_lens = static_cast<const int32_t*>(b.cu_q_lens.data);
+        e.kv_lens = static_cast<const int32_t*>(b.kv_lens.data);
+        e.positions = static_cast<const int32_t*>(b.positions.data);
+        e.page_table = static_cast<const int32_t*>(b.page_table.data);
+        e.k_page_stride = cache_page_stride(b, k_cache.dtype, nkv, dk);
+        e.v_page_stride = cache_page_stride(b, v_cache.dtype, nkv, dv);
+        e.T = T;
+        e.k_dtype = k_cache.dtype;
+        e.v_dtype = v_cache.dtype;
+        e.n_seqs = b.n_seqs;
+        e.max_pages = b.max_pages_per_seq;
+        e.page_size = b.page_size;
+        e.nq = nq;
+        e.nkv = nkv;
+        e.dk = dk;
+        e.dv = dv;
+        e.scale = ap.softmax_scale;
+        e.window = ap.window;
+        e.causal = ap.causal;
+        return launch_exact_attention(c, e);
+    }
 
     AttnArgs a{};
     a.q = q.data;
