@@ -850,7 +850,7 @@ std::vector<OpCase> correctness_cases() {
                .cache_dtype = f8});
     attention({.label = "fp8 chunks vs cache", .q_lens = {7, 32, 1, 13}, .kv_lens = {7, 95, 64, 300}, .n_q = 16,
                .n_kv = 1, .dk = 192, .dv = 128, .cache_dtype = f8});
-    attention({.label = "fp8 pool sliding", .q_lens = {1, 5, 32, 3}, .kv_lens = {200, 150, 161, 33}, .n_q = 16,
+    attention({.label = "fp8 pool SWA", .q_lens = {1, 5, 32, 3}, .kv_lens = {200, 150, 161, 33}, .n_q = 16,
                .n_kv = 2, .dk = 192, .dv = 128, .window = 32, .sinks = true, .pool_layers = 3, .layer = 2, .pad = 8,
                .cache_dtype = f8});
     attention({.label = "fp8 small dims odd page", .q_lens = {2, 7, 1}, .kv_lens = {40, 7, 90}, .n_q = 4, .n_kv = 4,
