@@ -513,6 +513,9 @@ int op_kv_store(Context* c, const xinfer_op* op, bool run) {
     return XINFER_OK;
 }
 
+// attention_decode.cu: split-KV kernel for few query tokens per sequence; XINFER_UNSUPPORTED = not taken.
+int attention_decode(Context* c, const xinfer_op* op);
+
 int op_attention(Context* c, const xinfer_op* op, bool run) {
     const xinfer_tensor &q = op->src[0], &k_cache = op->src[1], &v_cache = op->src[2], &sinks = op->src[3],
                         &out = op->dst[0];
@@ -579,6 +582,7 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
         e.causal = ap.causal;
         return launch_exact_attention(c, e);
     }
+    if (int rc = attention_decode(c, op); rc != XINFER_UNSUPPORTED) return rc;
 
     AttnArgs a{};
     a.q = q.data;

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace xcuda {
 namespace {
@@ -185,6 +186,143 @@ __global__ void combine_kernel(const float* dn /*[T·k, H]*/, const int32_t* ids
     }
 }
 
+// ---- few-pair bf16 experts: two fused weight streams ---------------------------------------------
+// Decode and verification (P = T·top_k ≤ kGemvMaxPairs pairs) read each chosen expert's weights
+// once per pair; the op is a pure weight stream, so the kernels are built to keep HBM busy:
+//   gate_up_swiglu: one warp per (pair, i) streams gate row i and up row i of the pair's expert
+//                   together (16-byte loads, kStreamUnroll of each in flight per lane) and
+//                   writes h[p, i] = silu(g)·u; gate and up are rounded to bf16 first, as the
+//                   tiled path stores them, and h is stored in bf16.
+//   down_combine:   one warp per (token, output column n) streams down row n of each of the
+//                   token's top_k experts (two slots at a time) and sums weight · (row · h) in
+//                   slot order, so the weighted combine is fused and the result deterministic.
+// Two launches instead of four, no f32 [P, H] intermediate. An expert id outside [0, E) makes its
+// token's output NaN, as on the other paths.
+
+constexpr int kStreamWarps = 8;
+constexpr int kStreamUnroll = 8;  // 16-byte loads per weight row in flight per lane
+
+// 16 bytes of weights that are read once: no L1 allocation, so the activations stay cached.
+__device__ __forceinline__ uint4 load_stream(const __nv_bfloat16* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
+    const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
+    const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float2 a = __bfloat1622float2(wp[e]), b = __bfloat1622float2(xp[e]);
+        acc = fmaf(a.x, b.x, acc);
+        acc = fmaf(a.y, b.y, acc);
+    }
+    return acc;
+}
+
+__global__ void __launch_bounds__(kStreamWarps * 32)
+    moe_gate_up_swiglu_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int top_k, int E,
+                              const __nv_bfloat16* gate_up /*[E, 2I, H]*/, int64_t P, int64_t I, int64_t H,
+                              __nv_bfloat16* h_out /*[P, I]*/) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t i = int64_t(blockIdx.x) * kStreamWarps + warp, p = blockIdx.y;
+    if (i >= I) return;
+    const int32_t e = ids[p];
+    if (e < 0 || e >= E) {
+        if (lane == 0) h_out[p * I + i] = __float2bfloat16_rn(__int_as_float(0x7fc00000));
+        return;
+    }
+    const __nv_bfloat16* gate = gate_up + (int64_t(e) * 2 * I + i) * H;
+    const __nv_bfloat16* up = gate + I * H;
+    const __nv_bfloat16* xr = x + (p / top_k) * H;
+    float g = 0.f, u = 0.f;
+    for (int64_t base = 0; base < H; base += 32 * 8 * kStreamUnroll) {
+        uint4 wg[kStreamUnroll], wu[kStreamUnroll];
+#pragma unroll
+        for (int k = 0; k < kStreamUnroll; ++k) {
+            const int64_t at = base + (k * 32 + lane) * 8;
+            if (at < H) {
+                wg[k] = load_stream(gate + at);
+                wu[k] = load_stream(up + at);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < kStreamUnroll; ++k) {
+            const int64_t at = base + (k * 32 + lane) * 8;
+            if (at < H) {
+                const uint4 xv = *reinterpret_cast<const uint4*>(xr + at);
+                g = dot8(wg[k], xv, g);
+                u = dot8(wu[k], xv, u);
+            }
+        }
+    }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) {
+        g = round_to(XINFER_DTYPE_BF16, g);
+        u = round_to(XINFER_DTYPE_BF16, u);
+        h_out[p * I + i] = __float2bfloat16_rn(g / (1.f + expf(-g)) * u);
+    }
+}
+
+__global__ void __launch_bounds__(kStreamWarps * 32)
+    moe_down_combine_kernel(const __nv_bfloat16* h /*[T·top_k, I]*/, const int32_t* ids /*[T, top_k]*/,
+                            const float* weights /*[T, top_k]*/, int top_k, int E,
+                            const __nv_bfloat16* down /*[E, H, I]*/, int64_t I, int64_t H, void* out /*[T, H]*/,
+                            int out_dtype) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t n = int64_t(blockIdx.x) * kStreamWarps + warp, t = blockIdx.y;
+    if (n >= H) return;
+    float acc = 0.f;
+    bool bad = false;
+    for (int s0 = 0; s0 < top_k; s0 += 2) {
+        const bool two = s0 + 1 < top_k;
+        const int32_t e0 = ids[t * top_k + s0], e1 = two ? ids[t * top_k + s0 + 1] : 0;
+        const bool ok0 = e0 >= 0 && e0 < E, ok1 = two && e1 >= 0 && e1 < E;
+        bad |= !ok0 || (two && !ok1);
+        const __nv_bfloat16* r0 = down + (int64_t(ok0 ? e0 : 0) * H + n) * I;
+        const __nv_bfloat16* r1 = down + (int64_t(ok1 ? e1 : 0) * H + n) * I;
+        const __nv_bfloat16* h0 = h + (t * top_k + s0) * I;
+        const __nv_bfloat16* h1 = h0 + I;
+        const float w0 = ok0 ? weights[t * top_k + s0] : 0.f, w1 = ok1 ? weights[t * top_k + s0 + 1] : 0.f;
+        float d0 = 0.f, d1 = 0.f;
+        for (int64_t base = 0; base < I; base += 32 * 8 * kStreamUnroll) {
+            uint4 a0[kStreamUnroll], a1[kStreamUnroll];
+#pragma unroll
+            for (int k = 0; k < kStreamUnroll; ++k) {
+                const int64_t at = base + (k * 32 + lane) * 8;
+                if (at < I) {
+                    if (ok0) a0[k] = load_stream(r0 + at);
+                    if (ok1) a1[k] = load_stream(r1 + at);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < kStreamUnroll; ++k) {
+                const int64_t at = base + (k * 32 + lane) * 8;
+                if (at < I) {
+                    if (ok0) d0 = dot8(a0[k], *reinterpret_cast<const uint4*>(h0 + at), d0);
+                    if (ok1) d1 = dot8(a1[k], *reinterpret_cast<const uint4*>(h1 + at), d1);
+                }
+            }
+        }
+        acc = fmaf(w0, d0, acc);
+        acc = fmaf(w1, d1, acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) store_f(out, out_dtype, t * H + n, bad ? __int_as_float(0x7fc00000) : acc);
+}
+
+bool moe_stream_enabled() {
+    static const bool enabled = [] {
+        const char* v = std::getenv("XINFER_CUDA_MOE_STREAM");
+        return !(v && v[0] == '0' && v[1] == 0);
+    }();
+    return enabled;
+}
+
 // ---- f32 experts ---------------------------------------------------------------------------------
 // Checkpoints that run in f32 (tiny golden fixtures, --dtype float32) keep f32 expert weights.
 // This path is for exactness, not speed: one warp per (pair, output row) dot product in f32.
@@ -326,6 +464,34 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
     const int64_t max_tiles = ceil_div(P, kGemmTileM) + std::min(E, P);
     const auto* id_data = static_cast<const int32_t*>(ids.data);
     const bool convert_x = x.dtype != XINFER_DTYPE_BF16;
+
+    // Few pairs, bf16 experts: the two fused weight-stream kernels.
+    if (P <= kGemvMaxPairs && moe_stream_enabled() && gate_up.dtype == XINFER_DTYPE_BF16 &&
+        down.dtype == XINFER_DTYPE_BF16 && H % 8 == 0 && I % 8 == 0 && pointer_alignment(gate_up.data) >= 16 &&
+        pointer_alignment(down.data) >= 16 && (convert_x || pointer_alignment(x.data) >= 16) && T <= 65535 &&
+        P <= 65535) {
+        ScratchPlan plan;
+        const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
+        const size_t off_h = plan.add(size_t(P * I) * 2);
+        if (int rc = ensure_scratch(c, plan.total)) return rc;
+        char* s = c->scratch;
+        const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(x.data);
+        if (convert_x) {
+            if (int rc = launch_convert(c, x.data, x.dtype, s + off_x, XINFER_DTYPE_BF16, T * H)) return rc;
+            xb = reinterpret_cast<const __nv_bfloat16*>(s + off_x);
+        }
+        auto* hb = reinterpret_cast<__nv_bfloat16*>(s + off_h);
+        moe_gate_up_swiglu_kernel<<<dim3(unsigned(ceil_div(I, kStreamWarps)), unsigned(P)), kStreamWarps * 32, 0,
+                                    c->stream>>>(xb, id_data, int(k), int(E),
+                                                 static_cast<const __nv_bfloat16*>(gate_up.data), P, I, H, hb);
+        XCUDA_CHECK_LAUNCH(c, "moe_gate_up_swiglu_kernel");
+        moe_down_combine_kernel<<<dim3(unsigned(ceil_div(H, kStreamWarps)), unsigned(T)), kStreamWarps * 32, 0,
+                                  c->stream>>>(hb, id_data, static_cast<const float*>(weights.data), int(k), int(E),
+                                               static_cast<const __nv_bfloat16*>(down.data), I, H, out.data,
+                                               out.dtype);
+        XCUDA_CHECK_LAUNCH(c, "moe_down_combine_kernel");
+        return XINFER_OK;
+    }
 
     // Few pairs: GEMV straight from the ids.
     if (P <= kGemvMaxPairs) {

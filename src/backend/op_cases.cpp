@@ -861,6 +861,33 @@ std::vector<OpCase> correctness_cases() {
                .dv = 128, .window = 8, .causal = false, .cache_dtype = f8});
     attention({.label = "many seqs MHA", .q_lens = {1, 2, 3, 4, 5, 6}, .kv_lens = {6, 50, 33, 17, 90, 6}, .n_q = 4,
                .n_kv = 4, .dk = 128, .dv = 128});
+
+    // Split-KV decode kernel (plugins/cuda/attention_decode.cu): 1/4/8/32 query tokens per
+    // sequence over caches of many pages, GQA 8 and 16, sliding window + sinks, non-causal
+    // blocks, small and odd dims, odd pages, f32 caches and unaligned pool strides (element path).
+    attention({.label = "split decode GQA 8", .q_lens = {1, 1, 1}, .kv_lens = {700, 1900, 17}, .n_q = 64, .n_kv = 8,
+               .dk = 192, .dv = 128});
+    attention({.label = "split decode GQA 16", .q_lens = {1, 1}, .kv_lens = {3000, 1}, .n_q = 32, .n_kv = 2,
+               .dk = 192, .dv = 128, .sinks = true});
+    attention({.label = "split verify 4/8/32", .q_lens = {4, 8, 32}, .kv_lens = {500, 1200, 900}, .n_q = 16,
+               .n_kv = 1, .dk = 192, .dv = 128, .sinks = true});
+    attention({.label = "split sliding verify", .q_lens = {1, 32, 8}, .kv_lens = {2000, 700, 300}, .n_q = 16,
+               .n_kv = 2, .dk = 192, .dv = 128, .window = 128, .sinks = true});
+    attention({.label = "split non-causal block", .q_lens = {16, 16}, .kv_lens = {1000, 300}, .n_q = 32, .n_kv = 4,
+               .dk = 128, .dv = 128, .causal = false});
+    attention({.label = "split small dims odd page", .q_lens = {1, 3}, .kv_lens = {900, 400}, .n_q = 8, .n_kv = 1,
+               .dk = 24, .dv = 16, .sinks = true, .page_size = 7});
+    attention({.label = "split f32 cache", .q_lens = {1, 2}, .kv_lens = {600, 333}, .n_q = 16, .n_kv = 2, .dk = 192,
+               .dv = 128, .window = 100, .sinks = true, .cache_dtype = DType::f32});
+    attention({.label = "split pool odd stride", .q_lens = {1, 8}, .kv_lens = {800, 260}, .n_q = 16, .n_kv = 1,
+               .dk = 192, .dv = 128, .sinks = true, .pool_layers = 3, .layer = 1, .pad = 5});
+    // Few-pair bf16 experts (moe.cu's fused weight-stream kernels): 1-8 tokens, 8 and 32 experts,
+    // top-8 and an odd top-k, widths that are no multiple of the 2048-element load step.
+    cases.push_back(moe_experts_case(1, 512, 256, 8, 8, bf16, ++seed));
+    cases.push_back(moe_experts_case(4, 256, 128, 32, 8, bf16, ++seed));
+    cases.push_back(moe_experts_case(8, 520, 136, 32, 8, bf16, ++seed));
+    cases.push_back(moe_experts_case(8, 256, 64, 8, 8, bf16, ++seed));
+    cases.push_back(moe_experts_case(3, 264, 72, 8, 3, bf16, ++seed));
     return cases;
 }
 
@@ -908,6 +935,19 @@ std::vector<OpCase> perf_cases() {
                .window = 128, .sinks = true});
     attention({.label = "DFlash block", .q_lens = std::vector<int>(8, 16), .kv_lens = std::vector<int>(8, 4096),
                .n_q = 32, .n_kv = 4, .dk = 128, .dv = 128, .causal = false});
+
+    // Batch-1 decode and verification at the bench's 4K context (plugins/cuda/attention_decode.cu),
+    // and the experts of the mimo_v2_flash_e8 bench model (8 experts, top-8) and of batched
+    // serving (32 experts, top-8: few-pair stream path up to 8 tokens, tiled path beyond).
+    attention({.label = "GA decode 4K", .q_lens = {1}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192, .dv = 128});
+    attention({.label = "SWA decode 4K", .q_lens = {1}, .kv_lens = {4096}, .n_q = 64, .n_kv = 8, .dk = 192, .dv = 128,
+               .window = 128, .sinks = true});
+    attention({.label = "GA verify 8 over 4K", .q_lens = {8}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192,
+               .dv = 128});
+    attention({.label = "GA verify 32 over 4K", .q_lens = {32}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192,
+               .dv = 128});
+    for (int T : {1, 4, 8}) cases.push_back(moe_experts_case(T, hidden, 2048, 8, 8, bf16, ++seed));
+    for (int T : {8, 16, 64}) cases.push_back(moe_experts_case(T, hidden, 2048, 32, 8, bf16, ++seed));
     return cases;
 }
 

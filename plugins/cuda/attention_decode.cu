@@ -1,0 +1,576 @@
+// Split-KV ("flash-decoding") ATTENTION for few query tokens per sequence: decode (1 token),
+// speculative verification (up to 32), DFlash blocks. attention.cu dispatches here when the
+// batch averages ≤ 32 query tokens per sequence; prefill stays on the 64×32 flash kernel there.
+//
+// Why a separate kernel. Decode is a stream over the KV cache: for one KV head the G = n_q/n_kv
+// query heads of a token read the same keys, so each key must be loaded once per (token tile,
+// KV head) and the loads must keep enough bytes in flight to cover HBM latency. Here:
+//   - a block owns up to 64 query rows (row = token·G + head, token-major, as attention.cu) of
+//     one sequence and one KV head, and one of n_split contiguous chunks of their key range;
+//   - K/V tiles of 64 keys go global → shared with 16-byte cp.async, double-buffered, so the
+//     next tile is in flight while the current one is used;
+//   - each warp owns 16 rows and computes S = Q·Kᵀ and O += P·V with mma.sync m16n8k16 (bf16 in,
+//     f32 accumulation); scores, softmax state and the O accumulator stay in registers (P is
+//     reused from the S accumulators as the A operand, as FlashAttention-2 does);
+//   - with fewer than 64 rows (decode: G = 8 or 16 rows) the idle warps split the tile's keys
+//     instead, and the block merges the warps' (m, l, O) at the end;
+//   - n_split > 1 writes unnormalised partials (m, l in log2 units, O) that a combine kernel
+//     merges with the sink. n_split is chosen on the host from upper bounds only (T, n_seqs,
+//     max_pages · page_size), never from device values, so a captured graph stays valid.
+//
+// Masking is the CPU reference's (src/backend/cpu/attention.cpp): query at position p sees keys
+// [lo, hi], hi = min(kv_len - 1, p) when causal, lo = p - window + 1 with a window (non-causal:
+// hi = p + window - 1). A key is loaded only if some token of the block may see it, so released
+// pages (-1) and unwritten slots are never read; a key some token needs whose page is -1 is
+// loaded as NaN (the CPU reference raises an error there). Sinks enter as one extra logit per
+// head in the units of the scaled scores.
+//
+// Caches: bf16 rows with 16-byte alignment take the cp.async path; f32/f16 (tests, f32
+// checkpoints) and odd head dims are converted element by element into the same bf16 tiles.
+// FP8 caches are left to attention.cu (its flash kernel dequantizes them).
+#include "common.h"
+#include "device_utils.cuh"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace xcuda {
+namespace {
+
+constexpr int kRows = 64;       // query rows per block: 4 warps × 16
+constexpr int kTileKeys = 64;   // keys per shared-memory tile
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxDv = 128;     // O lives in registers: dv_pad / 8 n-tiles of 4 floats
+constexpr int kMaxDk = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct DecodeArgs {
+    const void* q;             // [T, nq, dk]
+    const void* k_cache;       // pages of [page_size, nkv, dk], k_page_stride elements apart
+    const void* v_cache;       // pages of [page_size, nkv, dv], v_page_stride elements apart
+    const float* sinks;        // [nq] or null
+    void* out;                 // [T, nq, dv]
+    float* part_o;             // [n_split, T·nq, dv] (n_split > 1)
+    float* part_ml;            // [n_split, T·nq, 2]  (n_split > 1): max (log2 units), denominator
+    const int32_t* cu_q_lens;  // [n_seqs + 1]
+    const int32_t* kv_lens;    // [n_seqs]
+    const int32_t* positions;  // [T]
+    const int32_t* page_table; // [n_seqs, max_pages]
+    int64_t k_page_stride, v_page_stride, T;  // elements
+    int q_dtype, k_dtype, v_dtype, out_dtype;
+    int n_seqs, max_pages, page_size;
+    int nq, nkv, group, dk, dv, dk_pad, dv_pad;
+    float scale_log2;          // softmax_scale · log2(e): scores are kept in log2 units
+    int window, causal, n_split;
+    bool k_vec, v_vec;         // bf16 rows that may be copied with 16-byte cp.async
+};
+
+// Shared memory (bytes): Q [64][ldk], two stages of K [64][ldk] and V [64][ldv] (bf16; rows
+// padded by 8 elements so ldmatrix's 8 row addresses fall in different banks), token ranges.
+// After the key loop the K/V stages hold each warp's O [4][16][dv_pad + 4] f32.
+struct DecodeSmem {
+    int ldk, ldv, q, kv, k_stage, v_stage, stage, ml, lo, hi, total;
+};
+__host__ __device__ inline DecodeSmem decode_smem(int dk_pad, int dv_pad) {
+    DecodeSmem L;
+    L.ldk = dk_pad + 8;
+    L.ldv = dv_pad + 8;
+    L.q = 0;
+    L.kv = kRows * L.ldk * 2;
+    L.k_stage = 0;                         // offsets inside one stage
+    L.v_stage = kTileKeys * L.ldk * 2;
+    L.stage = L.v_stage + kTileKeys * L.ldv * 2;
+    L.ml = L.kv + 2 * L.stage;             // [4 warps][16 rows][2]
+    L.lo = L.ml + kWarps * 16 * 2 * 4;     // [64] first visible key per token of the block
+    L.hi = L.lo + kRows * 4;               // [64] last visible key
+    L.total = L.hi + kRows * 4;
+    return L;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+// d[16×8] += a[16×16] · b[16×8], bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Fills one bf16 shared row [pad] of a tile: `src` ≥ 0 is the cache element offset of the row,
+// kZero zero-fills, kNaN fills the first `len` elements with NaN (a needed key on a missing page).
+constexpr int64_t kZero = -1, kNaN = -2;
+__device__ __forceinline__ void fill_row_part(__nv_bfloat16* dst, const void* cache, int dtype, int64_t src, int len,
+                                              int pad, bool vec, int part /*0..3*/) {
+    for (int c = part; c * 8 < pad; c += 4) {
+        __nv_bfloat16* d8 = dst + c * 8;
+        if (src >= 0 && vec && c * 8 + 8 <= len) {
+            cp_async16(d8, static_cast<const __nv_bfloat16*>(cache) + src + c * 8);
+            continue;
+        }
+        __nv_bfloat16 v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int d = c * 8 + e;
+            float x = 0.f;
+            if (d < len) {
+                if (src >= 0) x = load_f(cache, dtype, src + d);
+                else if (src == kNaN) x = __int_as_float(0x7fc00000);
+            }
+            v[e] = __float2bfloat16_rn(x);
+        }
+        *reinterpret_cast<uint4*>(d8) = *reinterpret_cast<const uint4*>(v);
+    }
+}
+
+__global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArgs a) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const DecodeSmem L = decode_smem(a.dk_pad, a.dv_pad);
+    auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
+    auto* ml_s = reinterpret_cast<float*>(smem + L.ml);
+    auto* tok_lo = reinterpret_cast<int*>(smem + L.lo);
+    auto* tok_hi = reinterpret_cast<int*>(smem + L.hi);
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tid4 = lane % 4;
+    const int g = blockIdx.y, split = blockIdx.z, G = a.group;
+
+    // Which sequence and which ≤64 of its rows this block owns (the same answer in every thread;
+    // blocks past the last row tile exit: the grid is sized by an upper bound).
+    int s = -1, qlen = 0;
+    int64_t row0 = 0;
+    {
+        int64_t acc = 0;
+        for (int i = 0; i < a.n_seqs; ++i) {
+            const int ql = a.cu_q_lens[i + 1] - a.cu_q_lens[i];
+            const int64_t nt = (int64_t(ql) * G + kRows - 1) / kRows;
+            if (int64_t(blockIdx.x) < acc + nt) {
+                s = i;
+                qlen = ql;
+                row0 = (int64_t(blockIdx.x) - acc) * kRows;
+                break;
+            }
+            acc += nt;
+        }
+    }
+    if (s < 0) return;
+    const int rows = int(min(int64_t(kRows), int64_t(qlen) * G - row0));
+    const int tok_first = int(row0 / G);
+    const int ntok = int((row0 + rows - 1) / G) - tok_first + 1;
+    const int token_base = a.cu_q_lens[s] + tok_first;  // global index of the block's first token
+    const int kv_len = a.kv_lens[s];
+
+    for (int i = tid; i < ntok; i += kThreads) {
+        const int p = a.positions[token_base + i];
+        int lo = 0, hi = kv_len - 1;
+        if (a.causal) hi = min(hi, p);
+        if (a.window > 0) {
+            lo = max(0, p - a.window + 1);
+            if (!a.causal) hi = min(hi, p + a.window - 1);
+        }
+        tok_lo[i] = lo;
+        tok_hi[i] = hi;
+    }
+    // Q rows as bf16, zero-padded to dk_pad; rows past `rows` are zero. One warp per row.
+    for (int r = warp; r < kRows; r += kWarps) {
+        int64_t base = -1;
+        if (r < rows) {
+            const int64_t flat = row0 + r;
+            const int64_t t = token_base + (flat / G - tok_first);
+            base = (t * a.nq + g * G + int(flat % G)) * a.dk;
+        }
+        for (int d = lane; d < a.dk_pad; d += 32)
+            Qs[r * L.ldk + d] = __float2bfloat16_rn(base >= 0 && d < a.dk ? load_f(a.q, a.q_dtype, base + d) : 0.f);
+    }
+    __syncthreads();
+
+    // The block's key range: the union of its tokens' ranges, then this split's chunk of it
+    // (whole 64-key tiles, so splits never share a tile).
+    int key_lo = INT_MAX, key_hi = -1;
+    for (int i = 0; i < ntok; ++i)
+        if (tok_lo[i] <= tok_hi[i]) {
+            key_lo = min(key_lo, tok_lo[i]);
+            key_hi = max(key_hi, tok_hi[i]);
+        }
+    if (key_lo <= key_hi && a.n_split > 1) {
+        const int len = key_hi - key_lo + 1;
+        const int chunk = ((len + a.n_split - 1) / a.n_split + kTileKeys - 1) / kTileKeys * kTileKeys;
+        const int my_lo = key_lo + split * chunk;
+        key_hi = min(key_hi, my_lo + chunk - 1);
+        key_lo = my_lo;
+    }
+    const int n_tiles = key_lo <= key_hi ? (key_hi - key_lo + kTileKeys) / kTileKeys : 0;
+
+    // Warp roles: n_rg groups of 16 rows; with fewer than 4 groups the spare warps take other
+    // keys of the same tile (kp parts of 64/kp keys).
+    const int n_rg = (rows + 15) / 16;
+    const int kp = n_rg == 1 ? 4 : n_rg == 2 ? 2 : 1;
+    const int rg = warp % n_rg, part = warp / n_rg;
+    const bool active = part < kp;
+    const int part_keys = kTileKeys / kp;
+
+    // This thread's two rows (gid, gid + 8 of the warp's group): visible keys within the split.
+    int lo_r[2], hi_r[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = rg * 16 + gid + 8 * h;
+        lo_r[h] = 1;
+        hi_r[h] = 0;
+        if (r < rows) {
+            const int tok = int((row0 + r) / G) - tok_first;
+            lo_r[h] = max(tok_lo[tok], key_lo);
+            hi_r[h] = min(tok_hi[tok], key_hi);
+        }
+    }
+
+    // Loader: thread → (key kk = pass·32 + tid/4, a quarter of its 16-byte chunks). The page
+    // numbers of a tile are read one tile ahead of its copies (fetch_pages, then issue_tile an
+    // iteration later), so the page-table latency never sits between two tiles' copies.
+    constexpr int kNotNeeded = INT_MIN;
+    auto fetch_pages = [&](int kb, int (&page)[2]) {
+#pragma unroll
+        for (int pass = 0; pass < 2; ++pass) {
+            const int j = kb + pass * 32 + tid / 4;
+            bool needed = false;
+            if (j <= key_hi)
+                for (int i = 0; i < ntok && !needed; ++i) needed = j >= tok_lo[i] && j <= tok_hi[i];
+            page[pass] = needed ? a.page_table[int64_t(s) * a.max_pages + j / a.page_size] : kNotNeeded;
+        }
+    };
+    auto issue_tile = [&](int stage, int kb, const int (&page)[2]) {
+        auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem + L.kv + stage * L.stage + L.k_stage);
+        auto* Vs = reinterpret_cast<__nv_bfloat16*>(smem + L.kv + stage * L.stage + L.v_stage);
+#pragma unroll
+        for (int pass = 0; pass < 2; ++pass) {
+            const int kk = pass * 32 + tid / 4, j = kb + kk;
+            int64_t ks = kZero, vs = kZero;
+            if (page[pass] != kNotNeeded) {
+                if (page[pass] < 0) {
+                    ks = kNaN;
+                } else {
+                    const int64_t slot_row = int64_t(j % a.page_size) * a.nkv + g;
+                    ks = int64_t(page[pass]) * a.k_page_stride + slot_row * a.dk;
+                    vs = int64_t(page[pass]) * a.v_page_stride + slot_row * a.dv;
+                }
+            }
+            fill_row_part(Ks + kk * L.ldk, a.k_cache, a.k_dtype, ks, a.dk, a.dk_pad, a.k_vec, tid % 4);
+            fill_row_part(Vs + kk * L.ldv, a.v_cache, a.v_dtype, vs, a.dv, a.dv_pad, a.v_vec, tid % 4);
+        }
+    };
+
+    float o[kMaxDv / 8][4];
+#pragma unroll
+    for (int j = 0; j < kMaxDv / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    const int dk_steps = a.dk_pad / 16, dv_steps = a.dv_pad / 16;
+
+    int next_pages[2] = {kNotNeeded, kNotNeeded};
+    if (n_tiles > 0) {
+        int first_pages[2];
+        fetch_pages(key_lo, first_pages);
+        issue_tile(0, key_lo, first_pages);
+        cp_async_commit();
+        if (n_tiles > 1) fetch_pages(key_lo + kTileKeys, next_pages);
+    }
+    for (int t = 0; t < n_tiles; ++t) {
+        if (t + 1 < n_tiles) {
+            issue_tile((t + 1) & 1, key_lo + (t + 1) * kTileKeys, next_pages);
+            cp_async_commit();
+            if (t + 2 < n_tiles) fetch_pages(key_lo + (t + 2) * kTileKeys, next_pages);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const auto* Ks = reinterpret_cast<const __nv_bfloat16*>(smem + L.kv + (t & 1) * L.stage + L.k_stage);
+        const auto* Vs = reinterpret_cast<const __nv_bfloat16*>(smem + L.kv + (t & 1) * L.stage + L.v_stage);
+        const int kb = key_lo + t * kTileKeys;
+        if (active) {
+            for (int k0 = part * part_keys; k0 < (part + 1) * part_keys; k0 += 16) {
+                const int j0 = kb + k0;
+                // Skip 16-key steps no row of this warp can see (past the end, or before a window).
+                bool any = false;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) any |= lo_r[h] <= j0 + 15 && hi_r[h] >= j0 && lo_r[h] <= hi_r[h];
+                if (!__any_sync(0xffffffffu, any)) continue;
+
+                // S[16 rows, 16 keys] = Q · Kᵀ.
+                float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+                for (int kk = 0; kk < dk_steps; ++kk) {
+                    uint32_t qa[4], kb4[4];
+                    ldmatrix_x4(qa, Qs + (rg * 16 + lane % 16) * L.ldk + kk * 16 + (lane / 16) * 8);
+                    ldmatrix_x4(kb4, Ks + (k0 + (lane / 16) * 8 + lane % 8) * L.ldk + kk * 16 + ((lane / 8) % 2) * 8);
+                    mma_bf16(sc[0], qa, kb4[0], kb4[1]);
+                    mma_bf16(sc[1], qa, kb4[2], kb4[3]);
+                }
+                // Scale to log2 units, mask, online softmax per row (a row's 16 scores are spread
+                // over the 4 lanes of a quad).
+                float corr[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int n = 0; n < 2; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int j = j0 + n * 8 + 2 * tid4 + e;
+                            float v = sc[n][2 * h + e] * a.scale_log2;
+                            if (j < lo_r[h] || j > hi_r[h]) v = -INFINITY;
+                            sc[n][2 * h + e] = v;
+                            mx = fmaxf(mx, v);
+                        }
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float m_new = fmaxf(m_r[h], mx);
+                    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                    corr[h] = exp2f(m_r[h] - m_use);
+                    m_r[h] = m_new;
+                    float sum = 0.f;
+#pragma unroll
+                    for (int n = 0; n < 2; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float p = exp2f(sc[n][2 * h + e] - m_use);
+                            sc[n][2 * h + e] = p;
+                            sum += p;
+                        }
+                    l_r[h] = l_r[h] * corr[h] + sum;
+                }
+#pragma unroll
+                for (int j = 0; j < kMaxDv / 8; ++j) {
+                    o[j][0] *= corr[0];
+                    o[j][1] *= corr[0];
+                    o[j][2] *= corr[1];
+                    o[j][3] *= corr[1];
+                }
+                // O[16 rows, dv] += P[16 rows, 16 keys] · V[16 keys, dv]; P from the S accumulators.
+                const uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]),
+                                        pack_bf16(sc[1][0], sc[1][1]), pack_bf16(sc[1][2], sc[1][3])};
+#pragma unroll
+                for (int jj = 0; jj < kMaxDv / 16; ++jj) {
+                    if (jj >= dv_steps) break;
+                    uint32_t vb[4];
+                    ldmatrix_x4_trans(vb, Vs + (k0 + ((lane / 8) % 2) * 8 + lane % 8) * L.ldv + jj * 16 + (lane / 16) * 8);
+                    mma_bf16(o[2 * jj], pa, vb[0], vb[1]);
+                    mma_bf16(o[2 * jj + 1], pa, vb[2], vb[3]);
+                }
+            }
+        }
+        __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    }
+
+    // Merge the warps' states per row and finish: normalise with the sink, or write partials.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 1);
+        l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 2);
+    }
+    const int ldo = a.dv_pad + 4;
+    auto* Ow = reinterpret_cast<float*>(smem + L.kv);  // [4 warps][16][ldo]
+    if (active) {
+        float* base = Ow + warp * 16 * ldo;
+#pragma unroll
+        for (int jj = 0; jj < kMaxDv / 16; ++jj) {
+            if (jj >= dv_steps) break;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int col = (2 * jj + half) * 8 + 2 * tid4;
+                base[gid * ldo + col] = o[2 * jj + half][0];
+                base[gid * ldo + col + 1] = o[2 * jj + half][1];
+                base[(gid + 8) * ldo + col] = o[2 * jj + half][2];
+                base[(gid + 8) * ldo + col + 1] = o[2 * jj + half][3];
+            }
+        }
+        if (tid4 == 0) {
+            ml_s[(warp * 16 + gid) * 2] = m_r[0];
+            ml_s[(warp * 16 + gid) * 2 + 1] = l_r[0];
+            ml_s[(warp * 16 + gid + 8) * 2] = m_r[1];
+            ml_s[(warp * 16 + gid + 8) * 2 + 1] = l_r[1];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < rows * a.dv; i += kThreads) {
+        const int r = i / a.dv, d = i % a.dv, grp = r / 16, rr = r % 16;
+        float M = -INFINITY;
+        for (int p = 0; p < kp; ++p) M = fmaxf(M, ml_s[((p * n_rg + grp) * 16 + rr) * 2]);
+        float l = 0.f, acc = 0.f;
+        for (int p = 0; p < kp; ++p) {
+            const int w = p * n_rg + grp;
+            const float m = ml_s[(w * 16 + rr) * 2];
+            const float f = m == -INFINITY ? 0.f : exp2f(m - M);
+            l += ml_s[(w * 16 + rr) * 2 + 1] * f;
+            acc += Ow[(w * 16 + rr) * ldo + d] * f;
+        }
+        const int64_t flat = row0 + r;
+        const int64_t t = token_base + (flat / G - tok_first);
+        const int head = g * G + int(flat % G);
+        const int64_t R = t * a.nq + head;
+        if (a.n_split == 1) {
+            float alpha = 1.f, denom = l;
+            if (a.sinks) {
+                const float sink = a.sinks[head] * kLog2e;
+                const float Ms = fmaxf(M, sink);
+                alpha = M == -INFINITY ? 0.f : exp2f(M - Ms);
+                denom = l * alpha + exp2f(sink - Ms);
+            }
+            store_f(a.out, a.out_dtype, R * a.dv + d, denom == 0.f ? 0.f : acc * alpha / denom);
+        } else {
+            const int64_t P = int64_t(split) * a.T * a.nq + R;
+            a.part_o[P * a.dv + d] = acc;
+            if (d == 0) {
+                a.part_ml[P * 2] = M;
+                a.part_ml[P * 2 + 1] = l;
+            }
+        }
+    }
+}
+
+// One block per (token, head) row: merges the n_split partials (max in log2 units) and the sink.
+__global__ void attention_decode_combine_kernel(const float* part_o /*[n_split, rows, dv]*/,
+                                                const float* part_ml /*[n_split, rows, 2]*/,
+                                                const float* sinks /*[nq] or null*/, int n_split, int64_t n_rows,
+                                                int nq, int dv, void* out /*[rows, dv]*/, int out_dtype) {
+    const int64_t R = blockIdx.x;
+    float M = -INFINITY;
+    for (int z = 0; z < n_split; ++z) M = fmaxf(M, part_ml[(z * n_rows + R) * 2]);
+    const float sink = sinks ? sinks[R % nq] * kLog2e : -INFINITY;
+    const float Ms = fmaxf(M, sink);
+    float denom = sinks ? exp2f(sink - Ms) : 0.f;
+    for (int z = 0; z < n_split; ++z) {
+        const float m = part_ml[(z * n_rows + R) * 2];
+        if (m != -INFINITY) denom += part_ml[(z * n_rows + R) * 2 + 1] * exp2f(m - Ms);
+    }
+    const float inv = denom == 0.f ? 0.f : 1.f / denom;
+    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+        float acc = 0.f;
+        for (int z = 0; z < n_split; ++z) {
+            const float m = part_ml[(z * n_rows + R) * 2];
+            if (m != -INFINITY) acc += part_o[(z * n_rows + R) * dv + d] * exp2f(m - Ms);
+        }
+        store_f(out, out_dtype, R * dv + d, acc * inv);
+    }
+}
+
+bool decode_attention_enabled() {
+    static const bool enabled = [] {
+        const char* v = std::getenv("XINFER_CUDA_DECODE_ATTENTION");
+        return !(v && std::strcmp(v, "0") == 0);
+    }();
+    return enabled;
+}
+
+}  // namespace
+
+// Called by op_attention (attention.cu) after it validated the op. Returns XINFER_UNSUPPORTED,
+// without an error message, for shapes this kernel does not take (prefill-shaped batches, fp8
+// caches, dv > 128): the caller then runs its flash kernel.
+int attention_decode(Context* c, const xinfer_op* op) {
+    const xinfer_tensor &q = op->src[0], &k_cache = op->src[1], &v_cache = op->src[2], &sinks = op->src[3],
+                        &out = op->dst[0];
+    const xinfer_attention_batch& b = op->batch;
+    const xinfer_attention_params& ap = op->params.attention;
+    const int nq = ap.n_q_heads, nkv = ap.n_kv_heads, dk = ap.head_dim_k, dv = ap.head_dim_v;
+    const int64_t T = q.shape[0];
+    if (!decode_attention_enabled()) return XINFER_UNSUPPORTED;
+    // Decode-shaped: at most 32 query tokens per sequence on average (the kernel is correct for
+    // any q_len; prefill is faster on the 64×32 flash kernel with its larger key reuse).
+    if (T > 32 * int64_t(b.n_seqs)) return XINFER_UNSUPPORTED;
+    if (!is_float(k_cache.dtype) || !is_float(v_cache.dtype) || dk > kMaxDk || dv > kMaxDv) return XINFER_UNSUPPORTED;
+    const int dk_pad = (dk + 15) / 16 * 16, dv_pad = (dv + 15) / 16 * 16;
+    const DecodeSmem L = decode_smem(dk_pad, dv_pad);
+    if (size_t(L.total) > c->smem_optin) return XINFER_UNSUPPORTED;
+
+    DecodeArgs a{};
+    a.q = q.data;
+    a.k_cache = k_cache.data;
+    a.v_cache = v_cache.data;
+    a.sinks = absent(sinks) ? nullptr : static_cast<const float*>(sinks.data);
+    a.out = out.data;
+    a.cu_q_lens = static_cast<const int32_t*>(b.cu_q_lens.data);
+    a.kv_lens = static_cast<const int32_t*>(b.kv_lens.data);
+    a.positions = static_cast<const int32_t*>(b.positions.data);
+    a.page_table = static_cast<const int32_t*>(b.page_table.data);
+    a.k_page_stride = b.page_stride > 0 ? b.page_stride : int64_t(b.page_size) * nkv * dk;
+    a.v_page_stride = b.page_stride > 0 ? b.page_stride : int64_t(b.page_size) * nkv * dv;
+    a.T = T;
+    a.q_dtype = q.dtype;
+    a.k_dtype = k_cache.dtype;
+    a.v_dtype = v_cache.dtype;
+    a.out_dtype = out.dtype;
+    a.n_seqs = b.n_seqs;
+    a.max_pages = b.max_pages_per_seq;
+    a.page_size = b.page_size;
+    a.nq = nq;
+    a.nkv = nkv;
+    a.group = nq / nkv;
+    a.dk = dk;
+    a.dv = dv;
+    a.dk_pad = dk_pad;
+    a.dv_pad = dv_pad;
+    a.scale_log2 = ap.softmax_scale * kLog2e;
+    a.window = ap.window;
+    a.causal = ap.causal;
+    const auto vec_ok = [](const xinfer_tensor& cache, int d, int64_t stride) {
+        return cache.dtype == XINFER_DTYPE_BF16 && d % 8 == 0 && stride % 8 == 0 && pointer_alignment(cache.data) >= 16;
+    };
+    a.k_vec = vec_ok(k_cache, dk, a.k_page_stride);
+    a.v_vec = vec_ok(v_cache, dv, a.v_page_stride);
+
+    // Row tiles: Σ_s ceil(q_len_s · G / 64) ≤ ceil(T · G / 64) + n_seqs (an upper bound; blocks
+    // past the real tiles exit at once).
+    const int64_t row_tiles = ceil_div(T * a.group, kRows) + b.n_seqs;
+    // n_split from host-known bounds: enough blocks for ~2 waves of 2 blocks per SM, at least
+    // 2 tiles (128 keys) per split so the partials stay small next to the keys read.
+    const int64_t est_blocks = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, kRows)) * nkv;
+    int64_t key_span = int64_t(b.max_pages_per_seq) * b.page_size;
+    if (ap.window > 0) key_span = std::min<int64_t>(key_span, (ap.causal ? 1 : 2) * int64_t(ap.window) + kRows);
+    const int64_t target = 4 * int64_t(c->sm_count);
+    const int n_split = int(std::clamp<int64_t>(
+        std::min(ceil_div(target, std::max<int64_t>(est_blocks, 1)), ceil_div(key_span, 2 * kTileKeys)), 1, 256));
+    a.n_split = n_split;
+    if (n_split > 1) {
+        ScratchPlan plan;
+        const size_t off_o = plan.add(size_t(n_split) * size_t(T * nq * dv) * 4);
+        const size_t off_ml = plan.add(size_t(n_split) * size_t(T * nq) * 8);
+        if (int rc = ensure_scratch(c, plan.total)) return rc;
+        a.part_o = reinterpret_cast<float*>(c->scratch + off_o);
+        a.part_ml = reinterpret_cast<float*>(c->scratch + off_ml);
+    }
+    if (L.total > 48 * 1024)
+        XCUDA_TRY(c, cudaFuncSetAttribute(attention_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
+    attention_decode_kernel<<<dim3(unsigned(row_tiles), unsigned(nkv), unsigned(n_split)), kThreads, size_t(L.total),
+                              c->stream>>>(a);
+    XCUDA_CHECK_LAUNCH(c, "attention_decode_kernel");
+    if (n_split > 1) {
+        const int threads = int(std::min<int64_t>(128, ceil_div(dv, 32) * 32));
+        attention_decode_combine_kernel<<<unsigned(T * nq), threads, 0, c->stream>>>(
+            a.part_o, a.part_ml, a.sinks, n_split, T * nq, nq, dv, out.data, out.dtype);
+        XCUDA_CHECK_LAUNCH(c, "attention_decode_combine_kernel");
+    }
+    return XINFER_OK;
+}
+
+}  // namespace xcuda
