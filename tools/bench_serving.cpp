@@ -99,6 +99,7 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
     engine_options.max_model_len = options.input_len + options.output_len;
     engine_options.kv_cache_dtype = options.kv_cache_dtype;
     engine_options.enforce_eager = model.enforce_eager;
+    engine_options.speculative_config = options.speculative_config;
     if (model.max_cached_tokens > 0) engine_options.kv_cache_tokens = model.max_cached_tokens;
     std::unique_ptr<Engine> engine = Engine::create(engine_options);
 
@@ -122,8 +123,10 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
 
     std::mt19937 rng(uint32_t(options.seed));
     std::uniform_int_distribution<int32_t> token(0, int32_t(config.vocab_size - 1));
+    std::vector<std::string> spec_rows;
     for (int concurrency : levels) {
         const int64_t preemptions_before = engine->stats().preemptions;
+        const SpecCounters spec_before = engine->stats().spec;
         std::map<uint64_t, std::vector<Clock::time_point>> arrivals;  // id → token times
         std::map<uint64_t, int64_t> context;                         // id → tokens so far
         std::vector<double> ttft;
@@ -174,6 +177,34 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
                    decode_steps ? decode_bytes / double(decode_steps) / 1e6 : 0.0, 100 * fraction,
                    engine->stats().preemptions - preemptions_before);
         std::fflush(stdout);
+        const EngineStats stats = engine->stats();
+        if (!stats.spec_method.empty()) {
+            // This level's share of the cumulative counters (vLLM's spec_decode_* metrics).
+            SpecCounters level = stats.spec;
+            level.num_drafts -= spec_before.num_drafts;
+            level.num_draft_tokens -= spec_before.num_draft_tokens;
+            level.num_accepted_tokens -= spec_before.num_accepted_tokens;
+            std::string per_position;
+            for (size_t i = 0; i < level.accepted_per_position.size(); ++i) {
+                const int64_t before =
+                    i < spec_before.accepted_per_position.size() ? spec_before.accepted_per_position[i] : 0;
+                per_position += fmt::format("{}{:.2f}", i ? " " : "",
+                                            level.num_drafts ? double(level.accepted_per_position[i] - before) /
+                                                                   double(level.num_drafts)
+                                                             : 0.0);
+            }
+            spec_rows.push_back(fmt::format(
+                "| {} | {} | {} | {} | {} | {:.3f} | {:.1f}% | {} |", concurrency, stats.spec_method, level.num_drafts,
+                level.num_draft_tokens, level.num_accepted_tokens, level.mean_acceptance_length(),
+                level.num_draft_tokens ? 100.0 * double(level.num_accepted_tokens) / double(level.num_draft_tokens) : 0.0,
+                per_position));
+        }
+    }
+    if (!spec_rows.empty()) {
+        fmt::print("\nspeculative decoding (drafts = verify chains; acceptance length = tokens per verify step):\n");
+        fmt::print("| concurrency | method | drafts | draft tokens | accepted | mean acceptance length | acceptance rate "
+                   "| accepted per position |\n|---:|---|---:|---:|---:|---:|---:|---|\n");
+        for (const std::string& row : spec_rows) fmt::print("{}\n", row);
     }
 }
 

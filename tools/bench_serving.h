@@ -14,6 +14,7 @@ struct ServingBenchOptions {
     int64_t max_num_batched_tokens = 2048;
     std::string kv_cache_dtype = "auto";
     uint64_t seed = 0;
+    std::string speculative_config;  // JSON or empty
 };
 
 void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& options);

@@ -2,6 +2,7 @@
 // against in the same run (decode: weight + KV bytes per token over the measured copy
 // bandwidth; prefill: achieved matmul FLOP/s).
 #include "bench_serving.h"
+#include "bench_spec.h"
 #include "commands.h"
 #include "core/status.h"
 #include "runtime/profiler.h"
@@ -39,6 +40,7 @@ void add_bench_command(CLI::App& app) {
         uint64_t seed = 0;
         std::string profile;
         ServingBenchOptions serving;
+        int verify_iterations = 20;
     };
     auto options = std::make_shared<Options>();
     CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode speed against the device's limits");
@@ -56,7 +58,17 @@ void add_bench_command(CLI::App& app) {
         ->default_val(2048);
     cmd->add_option("--kv-cache-dtype", options->serving.kv_cache_dtype, "auto (the activation dtype), float32, bfloat16, fp8 (e4m3 + per-row scales)")
         ->default_val("auto");
+    cmd->add_option("--speculative-config", options->serving.speculative_config,
+                    "Speculative decoding (vLLM's JSON). Serving mode: acceptance metrics per concurrency; otherwise: "
+                    "cost of a verify step and of the drafter next to a decode step, and the speedup model");
+    cmd->add_option("--spec-iterations", options->verify_iterations, "Timed repetitions per speculative measurement")
+        ->default_val(20);
     cmd->callback([options] {
+        if (options->serving.concurrency.empty() && !options->serving.speculative_config.empty()) {
+            run_spec_bench(options->model, {options->serving.speculative_config, options->prompt_len,
+                                            options->verify_iterations, options->seed});
+            return;
+        }
         if (!options->serving.concurrency.empty()) {
             options->serving.seed = options->seed;
             run_serving_bench(options->model, options->serving);
