@@ -5,6 +5,7 @@
 #include "backend/backend.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace xinfer {
 
@@ -18,5 +19,9 @@ namespace xinfer {
 // measurements and turns a ~30 s host fill of a 309B-shape model into well under a second
 // of device copies.
 void fill_dummy_weights(Backend& backend, const Tensor& t, bool is_norm, uint64_t stream);
+
+// The first n values of that stream for a tensor with `cols` columns, as f32 on the host (for
+// callers that convert or assemble weights before uploading).
+std::vector<float> dummy_values(int64_t n, int64_t cols, bool is_norm, uint64_t stream);
 
 }  // namespace xinfer

@@ -1,6 +1,7 @@
 // DFlash drafter: weights, its own paged KV cache, context injection and the block forward.
 // The design and conventions are in dflash.h; config parsing in dflash_config.cpp.
 #include "spec/dflash.h"
+#include "models/dummy_weights.h"
 
 #include "core/status.h"
 
@@ -41,25 +42,10 @@ Tensor DFlashDrafter::allocate(DType dtype, std::initializer_list<int64_t> shape
     return t;
 }
 
-// Same recipe as the decoder's dummy weights: uniform ±1/sqrt(fan_in) matrices, norms 1 ± 0.1,
-// deterministic in load order.
+// The decoder's dummy weights (src/models/dummy_weights.h), deterministic in load order.
 void DFlashDrafter::fill_dummy(const Tensor& t, bool is_norm) {
-    const int64_t n = t.numel();
     const uint64_t stream = 0x5eed0d4a5ull * 0x9e3779b97f4a7c15ull + (++dummy_counter_) * 0xbf58476d1ce4e5b9ull;
-    const float amplitude = is_norm ? 0.1f : 1.f / std::sqrt(float(t.cols()));
-    std::vector<float> values(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-        uint64_t z = stream + uint64_t(i) * 0x94d049bb133111ebull;  // splitmix64 finaliser
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        const float unit = float(z >> 40) / float(1ull << 24) * 2.f - 1.f;
-        values[size_t(i)] = (is_norm ? 1.f : 0.f) + amplitude * unit;
-    }
-    std::vector<uint8_t> host(t.nbytes());
-    convert_from_f32(values.data(), t.dtype, host.data(), n);
-    backend_.upload(t, host.data());
-    backend_.synchronize();
+    fill_dummy_weights(backend_, t, is_norm, stream);
 }
 
 // Matrices in the activation dtype (f32 on the CPU oracle), norms and sinks in f32.

@@ -1,5 +1,6 @@
 #include "spec/mtp.h"
 
+#include "models/dummy_weights.h"
 #include "core/status.h"
 #include "loader/checkpoint.h"
 
@@ -89,23 +90,6 @@ MtpDrafter::MtpDrafter(const SpeculativeConfig& config, const DrafterContext& co
         backend_.synchronize();
         return t;
     };
-    // Dummy values as DecoderModel::fill_dummy: ±1/sqrt(fan_in) for matrices, 1 ± 0.1 for norms,
-    // splitmix64 per element (different stream than the target's, so heads are not copies of it).
-    auto dummy_values = [&](int64_t rows, int64_t cols, bool is_norm) {
-        const int64_t n = rows * cols;
-        const uint64_t stream = 0x6d74705f64756d79ull + (++dummy_counter) * 0xbf58476d1ce4e5b9ull;
-        const float amplitude = is_norm ? 0.1f : 1.f / std::sqrt(float(cols));
-        std::vector<float> values(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) {
-            uint64_t z = stream + uint64_t(i) * 0x94d049bb133111ebull;
-            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-            z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-            z ^= z >> 31;
-            const float unit = float(z >> 40) / float(1ull << 24) * 2.f - 1.f;
-            values[size_t(i)] = (is_norm ? 1.f : 0.f) + amplitude * unit;
-        }
-        return values;
-    };
     // Reads one tensor (shape checked by Checkpoint::read, which names file and tensor on error)
     // into host bytes of `dtype`.
     auto read_host = [&](const std::string& name, std::initializer_list<int64_t> shape, DType dtype, bool is_norm) {
@@ -113,7 +97,9 @@ MtpDrafter::MtpDrafter(const SpeculativeConfig& config, const DrafterContext& co
         for (int64_t d : shape) numel *= d;
         std::vector<uint8_t> bytes(size_t(numel) * dtype_size(dtype));
         if (!checkpoint) {
-            const std::vector<float> values = dummy_values(numel / *(shape.end() - 1), *(shape.end() - 1), is_norm);
+            // A different stream than the target's, so heads are not copies of its layers.
+            const uint64_t stream = 0x6d74705f64756d79ull + (++dummy_counter) * 0xbf58476d1ce4e5b9ull;
+            const std::vector<float> values = dummy_values(numel, *(shape.end() - 1), is_norm, stream);
             convert_from_f32(values.data(), dtype, bytes.data(), numel);
         } else {
             checkpoint->read(name, std::span<const int64_t>(shape.begin(), shape.size()), dtype, bytes.data());

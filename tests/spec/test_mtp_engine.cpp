@@ -52,7 +52,9 @@ protected:
             for (const RequestOutput& out : engine->step()) {
                 auto& t = tokens[index.at(out.id)];
                 t.insert(t.end(), out.new_tokens.begin(), out.new_tokens.end());
-                if (out.accepted >= 0) EXPECT_LE(size_t(out.accepted), out.proposed.size());
+                if (out.accepted >= 0) {
+                    EXPECT_LE(size_t(out.accepted), out.proposed.size());
+                }
                 if (out.accepted >= 0 && trace) trace->push_back({out.proposed, out.accepted});
             }
         }
