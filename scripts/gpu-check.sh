@@ -4,9 +4,10 @@
 #      (standalone CMake of plugins/cuda, all cores);
 #   2. cuda-op-check: every op of libxinfer-cuda.so against host references, graph capture,
 #      and timings on MiMo-V2-Flash shapes;
-#   3. the engine's checks once they exist: `xinfer ops-test --backend cuda` (every op against
-#      the CPU oracle), golden fixtures on cuda, decode graphs (replay vs eager), xray, and a
-#      batch-1 decode bench with and without graphs;
+#   3. the engine's checks: `xinfer ops-test --backend cuda` (every op against the CPU oracle,
+#      fp8 KV caches included), golden fixtures on cuda, decode graphs (replay vs eager),
+#      speculative decoding's losslessness, an fp8-KV generation, xray, and a batch-1 decode
+#      bench with and without graphs (scripts/gpu-perf.sh records the MiMo-shape figures);
 # and writes everything under $OUT (or ./gpu-check-out): summary.txt first, logs beside it.
 #
 #   scripts/gpu-check.sh [--no-timing] [--rebuild] [--skip-engine]
@@ -99,6 +100,25 @@ if [ $engine = 1 ]; then
         [ "$rc" = 0 ] || status=1
         note "decode graphs on cuda (replay vs eager): rc $rc"
         grep -E '^\[ graphs|FAILED  \]' "$OUT/graphs-cuda.log" >>"$summary"
+    fi
+    if [ -x build/bin/test_spec ]; then
+        # Speculative decoding is lossless on the device too: greedy with oracle, adversarial and
+        # n-gram drafts equals greedy without (alone, batched, chunked, prefix cache, preemption).
+        XINFER_TEST_DEVICE=cuda build/bin/test_spec --gtest_filter='Fixtures/SpecEngineTest.*:SpecSampling.*' \
+            >"$OUT/spec-cuda.log" 2>&1
+        rc=$?
+        [ "$rc" = 0 ] || status=1
+        note "speculative decoding on cuda: rc $rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/spec-cuda.log" | tr '\n' ' ')"
+    fi
+    if [ -x build/bin/xinfer ]; then
+        # FP8 KV cache end to end: greedy tokens with an fp8 cache vs the activation-dtype cache.
+        prompt=$(python3 -c "import json;print(','.join(map(str,json.load(open('tests/fixtures/qwen3_f32/reference.json'))['prompt_ids'])))")
+        for kv in auto fp8; do
+            build/bin/xinfer generate --model tests/fixtures/qwen3_f32 --device cuda --prompt-ids "$prompt" \
+                --max-tokens 32 --kv-cache-dtype $kv >"$OUT/generate-kv-$kv.log" 2>&1
+        done
+        same=$(cmp -s <(grep ids "$OUT/generate-kv-auto.log") <(grep ids "$OUT/generate-kv-fp8.log") && echo identical || echo DIFFERENT)
+        note "qwen3_f32 greedy 32 tokens on cuda, fp8 vs auto KV cache: $same"
     fi
     if [ -x build/bin/xinfer ] && [ -z "$timing_flag" ]; then
         # Batch-1 decode with and without graphs on a small dense model (dummy weights).
