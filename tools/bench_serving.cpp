@@ -94,6 +94,7 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
     engine_options.device = model.device;
     engine_options.load_format = model.load_format;
     engine_options.dtype = model.dtype;
+    engine_options.fp8_weights = model.fp8_weights;
     engine_options.max_num_seqs = max_concurrency;
     engine_options.max_num_batched_tokens = options.max_num_batched_tokens;
     engine_options.max_model_len = options.input_len + options.output_len;

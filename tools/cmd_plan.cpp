@@ -36,7 +36,7 @@ ModelConfig read_config(const std::string& model_dir, const std::string& config_
 void add_plan_command(CLI::App& app) {
     struct Options {
         std::string model_dir, config_file, device = "cuda", device_memory, kv_cache_dtype = "auto", dtype = "auto";
-        std::string speculative_config;
+        std::string speculative_config, fp8_weights = "auto";
         PlanOptions plan;
     };
     auto options = std::make_shared<Options>();
@@ -53,6 +53,10 @@ void add_plan_command(CLI::App& app) {
     cmd->add_option("--max-num-seqs", options->plan.max_num_seqs)->default_val(64);
     cmd->add_option("--max-num-batched-tokens", options->plan.max_num_batched_tokens)->default_val(2048);
     cmd->add_option("--kv-cache-dtype", options->kv_cache_dtype, "auto, float32, bfloat16, fp8 (e4m3 + per-row scales)")
+        ->default_val("auto");
+    cmd->add_option("--fp8-weights", options->fp8_weights,
+                    "FP8 checkpoints on accelerators: auto (e4m3 + block scales, as CUDA runs them) or dequantize")
+        ->check(CLI::IsMember({"auto", "dequantize"}))
         ->default_val("auto");
     cmd->add_option("--dtype", options->dtype, "Activations on accelerators: auto, float32, bfloat16")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))
@@ -78,6 +82,8 @@ void add_plan_command(CLI::App& app) {
                                 : config.dtype == DType::f32 ? DType::f32
                                                                     : DType::bf16;
         plan.weight_dtype = host ? config.dtype : plan.activation_dtype;
+        // Without a device to ask (keep_fp8_weights), assume an accelerator runs fp8 matrices as CUDA does.
+        plan.fp8_weights = !host && options->fp8_weights == "auto" && config.fp8.enabled;
         plan.kv_dtype = resolve_kv_cache_dtype(options->kv_cache_dtype, plan.activation_dtype);
         plan.speculative_config = options->speculative_config;
         const MemoryPlan result = plan_memory(config, plan);

@@ -19,6 +19,7 @@ struct ModelOptions {
     std::string load_format = "safetensors";  // or "dummy"
     int64_t max_cached_tokens = 0;            // 0: enough for the request at hand
     std::string dtype = "auto";               // activations on accelerators
+    std::string fp8_weights = "auto";         // FP8 matrices: auto (keep e4m3 where supported) or dequantize
     bool enforce_eager = false;               // no decode graphs (RunnerOptions::enforce_eager)
     void add_to(CLI::App& app);
 };

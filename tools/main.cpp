@@ -19,6 +19,11 @@ void ModelOptions::add_to(CLI::App& app) {
     app.add_option("--dtype", dtype, "Activation dtype on accelerators: auto (the checkpoint's), float32, bfloat16")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))
         ->default_val("auto");
+    app.add_option("--fp8-weights", fp8_weights,
+                   "Block-scaled FP8 matrices on accelerators: auto (keep e4m3 + scales where the backend runs them) "
+                   "or dequantize (expand to the activation dtype at load)")
+        ->check(CLI::IsMember({"auto", "dequantize"}))
+        ->default_val("auto");
     app.add_flag("--enforce-eager", enforce_eager,
                  "Run decode steps eagerly instead of replaying captured graphs (also XINFER_CUDA_GRAPHS=0)");
 }
@@ -31,6 +36,7 @@ LoadedModel load(const ModelOptions& options) {
     LoadOptions load_options;
     load_options.dummy = dummy;
     load_options.dtype = options.dtype;
+    load_options.fp8_weights = options.fp8_weights;
     loaded.model = load_model(*loaded.checkpoint, *loaded.backend, load_options);
     return loaded;
 }

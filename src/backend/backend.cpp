@@ -114,11 +114,16 @@ void Backend::add_rmsnorm(const Tensor& residual, const Tensor& x, const Tensor&
     run(op);
 }
 
-void Backend::matmul(const Tensor& x, const Tensor& w, const Tensor& y) {
+void Backend::matmul(const Tensor& x, const Tensor& w, const Tensor& y, const BlockScales& w_scale) {
     xinfer_op op = make_op(XINFER_OP_MATMUL, layer_);
     op.src[0] = to_abi(x);
     op.src[1] = to_abi(w);
     op.dst[0] = to_abi(y);
+    if (!w_scale.empty()) {
+        op.src[2] = to_abi(w_scale.scale);
+        op.params.matmul.block_rows = w_scale.block_rows;
+        op.params.matmul.block_cols = w_scale.block_cols;
+    }
     run(op);
 }
 
@@ -203,7 +208,8 @@ void Backend::moe_route(const Tensor& logits, const Tensor& bias, const RouterPa
 }
 
 void Backend::moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights, const Tensor& gate_up,
-                          const Tensor& down, const Tensor& out) {
+                          const Tensor& down, const Tensor& out, const BlockScales& gate_up_scale,
+                          const BlockScales& down_scale) {
     xinfer_op op = make_op(XINFER_OP_MOE_EXPERTS, layer_);
     op.src[0] = to_abi(x);
     op.src[1] = to_abi(expert_ids);
@@ -211,6 +217,17 @@ void Backend::moe_experts(const Tensor& x, const Tensor& expert_ids, const Tenso
     op.src[3] = to_abi(gate_up);
     op.src[4] = to_abi(down);
     op.dst[0] = to_abi(out);
+    // One params.matmul serves both weights, so their blocks must agree.
+    const BlockScales& blocks = gate_up_scale.empty() ? down_scale : gate_up_scale;
+    XINFER_CHECK(gate_up_scale.empty() || down_scale.empty() ||
+                     (gate_up_scale.block_rows == down_scale.block_rows &&
+                      gate_up_scale.block_cols == down_scale.block_cols),
+                 "moe_experts: gate_up scale blocks {}x{} differ from down's {}x{}", gate_up_scale.block_rows,
+                 gate_up_scale.block_cols, down_scale.block_rows, down_scale.block_cols);
+    if (!gate_up_scale.empty()) op.src[5] = to_abi(gate_up_scale.scale);
+    if (!down_scale.empty()) op.src[6] = to_abi(down_scale.scale);
+    op.params.matmul.block_rows = blocks.block_rows;
+    op.params.matmul.block_cols = blocks.block_cols;
     run(op);
 }
 

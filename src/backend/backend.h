@@ -65,6 +65,16 @@ struct RouterParams {
     // *selection only*; weights come from the unbiased scores.
 };
 
+// The block scales of an f8_e4m3 weight matrix: W[r, c] = fp8(W8[r, c]) · scale[r / block_rows, c / block_cols],
+// a contiguous grid (partial edge blocks at the bottom/right; per expert for stacked experts). Empty
+// (scale.data == nullptr) for f32/bf16/f16 weights. block_rows/cols 0 means 128.
+struct BlockScales {
+    Tensor scale;        // [ceil(rows / block_rows), ceil(cols / block_cols)] f32, or [E, ...] for experts
+    int block_rows = 0;  // weight rows per scale row
+    int block_cols = 0;  // weight columns per scale column
+    bool empty() const { return scale.data == nullptr; }
+};
+
 // The C++ face of one device context: allocation, copies, and the fused ops, each translated
 // into an xinfer_op and run through the backend's plugin table (include/xinfer/backend_abi.h).
 // The CPU backend is such a table too, built in, so every backend is reached the same way.
@@ -104,8 +114,9 @@ public:
     // residual += x (in place), then out = rmsnorm(residual).
     void add_rmsnorm(const Tensor& residual /*[rows, n] in/out*/, const Tensor& x /*[rows, n]*/,
                      const Tensor& weight /*[n]*/, float eps, const Tensor& out /*[rows, n]*/);
-    // y = x · wᵀ. w may be f32, bf16, f16, or f8_e4m3 with block scales (w_scale, block).
-    void matmul(const Tensor& x /*[T, in]*/, const Tensor& w /*[out, in]*/, const Tensor& y /*[T, out]*/);
+    // y = x · wᵀ. w may be f32, bf16, f16, or f8_e4m3 with its block scales (w_scale).
+    void matmul(const Tensor& x /*[T, in]*/, const Tensor& w /*[out, in]*/, const Tensor& y /*[T, out]*/,
+                const BlockScales& w_scale = {});
     // In place, on the first rotary_dim dims of every head.
     void rope(const Tensor& x /*[T, heads, head_dim] in/out*/, const Tensor& positions /*[T] i32*/, const RopeParams& params);
     // out = silu(gate) * up, with gate_up = [gate | up] along the last dim.
@@ -128,7 +139,9 @@ public:
     // out[t] = Σ_k weights[t,k] · down_e(silu(gate_e(x[t])) * up_e(x[t])), e = expert_ids[t,k].
     void moe_experts(const Tensor& x /*[T, H]*/, const Tensor& expert_ids /*[T, k] i32*/,
                      const Tensor& expert_weights /*[T, k] f32*/, const Tensor& gate_up /*[E, 2*I, H]*/,
-                     const Tensor& down /*[E, H, I]*/, const Tensor& out /*[T, H]*/);
+                     const Tensor& down /*[E, H, I]*/, const Tensor& out /*[T, H]*/,
+                     const BlockScales& gate_up_scale = {} /*[E, ceil(2I/br), ceil(H/bc)]*/,
+                     const BlockScales& down_scale = {} /*[E, ceil(H/br), ceil(I/bc)]; same blocks as gate_up's*/);
 
     // ---- generic entry points (ops-test, tools) ---------------------------------------------
     bool supports(const xinfer_op& op);

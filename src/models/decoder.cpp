@@ -2,9 +2,11 @@
 
 #include "core/status.h"
 #include "models/dummy_weights.h"
+#include "models/fp8_weights.h"
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 namespace xinfer {
 namespace {
@@ -19,9 +21,9 @@ DType choose_activation_dtype(const ModelConfig& config, const LoadOptions& opti
     return config.dtype == DType::f32 ? DType::f32 : DType::bf16;
 }
 
-// Where a weight matrix lives and in which dtype: host-memory backends (the CPU oracle) keep
-// f32/bf16/f16 as stored and dequantize block-scaled FP8 to options.dequant_dtype (f32: exact);
-// accelerators hold every matrix in the activation dtype.
+// Where a weight matrix lives and in which dtype when it is not kept as FP8 (load_matrix):
+// host-memory backends (the CPU oracle) keep f32/bf16/f16 as stored and dequantize block-scaled
+// FP8 to options.dequant_dtype (f32: exact); accelerators hold it in the activation dtype.
 DType resident_dtype(DType stored, const LoadOptions& options, bool host_memory, DType activation) {
     if (!host_memory) return activation;
     switch (stored) {
@@ -32,6 +34,25 @@ DType resident_dtype(DType stored, const LoadOptions& options, bool host_memory,
     }
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+Tensor shaped(DType dtype, std::span<const int64_t> shape) {
+    Tensor t;
+    t.dtype = dtype;
+    XINFER_CHECK(shape.size() <= size_t(kMaxRank), "rank {} > {}", shape.size(), kMaxRank);
+    for (int64_t d : shape) t.shape[size_t(t.rank++)] = d;
+    return t;
+}
+
+// The op grid's block height for `grids` (parts_per_matrix consecutive parts per matrix): the
+// finest any matrix needs, so one height serves every matrix of a stacked tensor.
+int64_t block_rows_of(const std::vector<Fp8ScaleGrid>& grids, size_t parts_per_matrix) {
+    int64_t block = 0;
+    for (size_t first = 0; first < grids.size(); first += parts_per_matrix)
+        block = std::gcd(block, op_block_rows(std::span(grids).subspan(first, parts_per_matrix)));
+    return block;
+}
+
 }  // namespace
 
 DecoderModel::DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& backend, const LoadOptions& options)
@@ -39,6 +60,7 @@ DecoderModel::DecoderModel(ModelConfig config, Checkpoint& checkpoint, Backend& 
       config_(std::move(config)),
       backend_(backend),
       act_dtype_(choose_activation_dtype(config_, options_, backend_)),
+      keep_fp8_(keep_fp8_weights(config_, options_, backend_, act_dtype_)),
       workspace_(backend) {
     load_weights(checkpoint);
 }
@@ -97,20 +119,155 @@ Tensor DecoderModel::load_stacked(Checkpoint& checkpoint, const std::vector<std:
 // experts.E.{gate,up,down}_proj.weight). Both end up stacked as the grouped-expert op wants.
 void DecoderModel::load_experts(Checkpoint& checkpoint, const std::string& prefix, LayerWeights& w) {
     const int64_t n_experts = config_.n_experts, hidden = config_.hidden_size, inter = config_.moe_intermediate_size;
-    if (options_.dummy || checkpoint.has(prefix + "gate_up_proj")) {
-        w.experts_gate_up = load(checkpoint, prefix + "gate_up_proj", {n_experts, 2 * inter, hidden}, false);
-        w.experts_down = load(checkpoint, prefix + "down_proj", {n_experts, hidden, inter}, false);
+    const bool stacked = !options_.dummy && checkpoint.has(prefix + "gate_up_proj");
+    // Names as stored: stacked (transformers-native) or per expert and projection (hub; dummy
+    // weights use these names too, which is what modules_to_not_convert lists).
+    std::vector<std::string> gate_up_names, down_names;
+    if (stacked) {
+        gate_up_names = {prefix + "gate_up_proj"};
+        down_names = {prefix + "down_proj"};
+    } else {
+        for (int64_t e = 0; e < n_experts; ++e) {
+            const std::string expert = prefix + std::to_string(e) + ".";
+            gate_up_names.push_back(expert + "gate_proj.weight");
+            gate_up_names.push_back(expert + "up_proj.weight");
+            down_names.push_back(expert + "down_proj.weight");
+        }
+    }
+    const std::initializer_list<int64_t> gate_up_shape = {n_experts, 2 * inter, hidden};
+    const std::initializer_list<int64_t> down_shape = {n_experts, hidden, inter};
+    const std::initializer_list<int64_t> gate_up_part = {inter, hidden}, down_part = {hidden, inter};
+    const std::span<const int64_t> gate_up_parts = stacked ? std::span<const int64_t>(gate_up_shape)
+                                                           : std::span<const int64_t>(gate_up_part);
+    const std::span<const int64_t> down_parts = stacked ? std::span<const int64_t>(down_shape)
+                                                        : std::span<const int64_t>(down_part);
+
+    // FP8 experts stay e4m3 when both weights are FP8 and the backend takes them with one block height.
+    const std::vector<Fp8ScaleGrid> gate_up_grids = fp8_grids(checkpoint, gate_up_names, gate_up_parts);
+    const std::vector<Fp8ScaleGrid> down_grids = fp8_grids(checkpoint, down_names, down_parts);
+    if (!gate_up_grids.empty() && !down_grids.empty()) {
+        const int64_t block_rows = std::gcd(block_rows_of(gate_up_grids, stacked ? 1 : 2), block_rows_of(down_grids, 1));
+        if (supports_fp8_moe(backend_, act_dtype_, n_experts, hidden, inter, config_.router.top_k, block_rows,
+                             config_.fp8.block_cols)) {
+            w.experts_gate_up = load_fp8(checkpoint, gate_up_names, gate_up_parts, gate_up_shape, gate_up_grids,
+                                         block_rows, w.experts_gate_up_scale);
+            w.experts_down =
+                load_fp8(checkpoint, down_names, down_parts, down_shape, down_grids, block_rows, w.experts_down_scale);
+            return;
+        }
+    }
+    if (options_.dummy || stacked) {
+        w.experts_gate_up = load(checkpoint, prefix + "gate_up_proj", gate_up_shape, false);
+        w.experts_down = load(checkpoint, prefix + "down_proj", down_shape, false);
         return;
     }
-    std::vector<std::string> gate_up_names, down_names;
-    for (int64_t e = 0; e < n_experts; ++e) {
-        const std::string expert = prefix + std::to_string(e) + ".";
-        gate_up_names.push_back(expert + "gate_proj.weight");
-        gate_up_names.push_back(expert + "up_proj.weight");
-        down_names.push_back(expert + "down_proj.weight");
+    w.experts_gate_up = load_stacked(checkpoint, gate_up_names, gate_up_part, gate_up_shape);
+    w.experts_down = load_stacked(checkpoint, down_names, down_part, down_shape);
+}
+
+std::vector<Fp8ScaleGrid> DecoderModel::fp8_grids(Checkpoint& checkpoint, const std::vector<std::string>& names,
+                                                  std::span<const int64_t> part_shape) const {
+    if (!keep_fp8_) return {};
+    const Fp8WeightConfig& fp8 = config_.fp8;
+    const size_t rank = part_shape.size();
+    const int64_t rows = part_shape[rank - 2], cols = part_shape[rank - 1];
+    std::vector<Fp8ScaleGrid> grids;
+    for (const std::string& name : names) {
+        if (options_.dummy) {
+            if (!fp8.quantizes(name)) return {};
+            grids.push_back({rows, cols, fp8.block_rows, fp8.block_cols, ceil_div(rows, fp8.block_rows),
+                             ceil_div(cols, fp8.block_cols), 1});
+            continue;
+        }
+        if (checkpoint.info(name).dtype != DType::f8_e4m3) return {};
+        const std::string scale_name = name + "_scale_inv";
+        if (!checkpoint.has(scale_name))
+            fail("{}: fp8 tensor {} has no {} (block-scaled FP8 needs its scales)", checkpoint.dir().string(), name,
+                 scale_name);
+        const TensorInfo& scale = checkpoint.info(scale_name);
+        const bool shape_ok = scale.shape.size() == rank && (rank == 2 || scale.shape[0] == part_shape[0]);
+        std::optional<Fp8ScaleGrid> grid;
+        if (shape_ok && scale.dtype == DType::f32)
+            grid = fit_fp8_scale_grid(rows, cols, fp8.block_rows, fp8.block_cols, scale.shape[rank - 2],
+                                      scale.shape[rank - 1]);
+        if (!grid)
+            fail("{}: fp8 tensor {} [{} rows, {} cols] has scale {} {} {}: expected f32 [{}, {}] with {}x{} blocks "
+                 "(or a grid restarting per row shard)",
+                 scale.file.string(), name, rows, cols, scale_name, dtype_name(scale.dtype), scale.shape_string(),
+                 ceil_div(rows, fp8.block_rows), ceil_div(cols, fp8.block_cols), fp8.block_rows, fp8.block_cols);
+        grids.push_back(*grid);
     }
-    w.experts_gate_up = load_stacked(checkpoint, gate_up_names, {inter, hidden}, {n_experts, 2 * inter, hidden});
-    w.experts_down = load_stacked(checkpoint, down_names, {hidden, inter}, {n_experts, hidden, inter});
+    return grids;
+}
+
+Tensor DecoderModel::load_fp8(Checkpoint& checkpoint, const std::vector<std::string>& names,
+                              std::span<const int64_t> part_shape, std::span<const int64_t> shape,
+                              const std::vector<Fp8ScaleGrid>& grids, int64_t block_rows, BlockScales& scale) {
+    const size_t rank = shape.size();
+    const int64_t matrices = rank == 3 ? shape[0] : 1, rows = shape[rank - 2];
+    const int64_t scale_cols = grids.front().scale_cols;
+    Tensor w = shaped(DType::f8_e4m3, shape);
+    buffers_.push_back(backend_.alloc(w.nbytes()));
+    w.data = buffers_.back().data();
+    const std::vector<int64_t> scale_shape = rank == 3 ? std::vector<int64_t>{matrices, ceil_div(rows, block_rows), scale_cols}
+                                                       : std::vector<int64_t>{ceil_div(rows, block_rows), scale_cols};
+    scale.scale = shaped(DType::f32, scale_shape);
+    buffers_.push_back(backend_.alloc(scale.scale.nbytes()));
+    scale.scale.data = buffers_.back().data();
+    scale.block_rows = int(block_rows);
+    scale.block_cols = int(config_.fp8.block_cols);
+    if (options_.dummy) {
+        const uint64_t stream = options_.dummy_seed * 0x9e3779b97f4a7c15ull + (++dummy_counter_) * 0xbf58476d1ce4e5b9ull;
+        fill_dummy_fp8_weights(backend_, w, scale.scale, stream);
+        return w;
+    }
+    // The e4m3 bytes as stored, parts back to back.
+    std::vector<uint8_t> host(w.nbytes());
+    const size_t part_bytes = w.nbytes() / names.size();
+    std::vector<std::vector<float>> stored(names.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+        checkpoint.read(names[i], part_shape, DType::f8_e4m3, host.data() + i * part_bytes);
+        const TensorInfo& info = checkpoint.info(names[i] + "_scale_inv");
+        stored[i].resize(size_t(info.numel()));
+        checkpoint.read(info.name, std::span<const int64_t>(info.shape), DType::f32, stored[i].data());
+    }
+    // One op grid per matrix: its parts are the names of that matrix, or one slice of a stacked name.
+    std::vector<float> op_scales;
+    op_scales.reserve(size_t(scale.scale.numel()));
+    const size_t parts_per_matrix = names.size() == 1 ? 1 : names.size() / size_t(matrices);
+    for (int64_t m = 0; m < matrices; ++m) {
+        std::vector<Fp8Part> parts;
+        if (names.size() == 1) {
+            const Fp8ScaleGrid& grid = grids.front();
+            parts.push_back({grid, stored.front().data() + m * grid.scale_rows * grid.scale_cols});
+        } else {
+            for (size_t j = 0; j < parts_per_matrix; ++j) {
+                const size_t i = size_t(m) * parts_per_matrix + j;
+                parts.push_back({grids[i], stored[i].data()});
+            }
+        }
+        append_op_scales(parts, block_rows, op_scales);
+    }
+    XINFER_CHECK(int64_t(op_scales.size()) == scale.scale.numel(), "fp8 op scales: {} values for {}",
+                 op_scales.size(), scale.scale.shape_string());
+    backend_.upload(w, host.data());
+    backend_.upload(scale.scale, op_scales.data());
+    backend_.synchronize();  // the host copies die here; uploads may be stream-ordered
+    return w;
+}
+
+Tensor DecoderModel::load_matrix(Checkpoint& checkpoint, const std::vector<std::string>& names,
+                                 std::initializer_list<int64_t> part_shape, std::initializer_list<int64_t> shape,
+                                 BlockScales& scale) {
+    const std::vector<Fp8ScaleGrid> grids = fp8_grids(checkpoint, names, part_shape);
+    if (!grids.empty()) {
+        const int64_t block_rows = block_rows_of(grids, names.size());
+        const int64_t n = *shape.begin(), k = *(shape.begin() + 1);
+        if (supports_fp8_matmul(backend_, act_dtype_, n, k, block_rows, config_.fp8.block_cols))
+            return load_fp8(checkpoint, names, part_shape, shape, grids, block_rows, scale);
+    }
+    if (names.size() == 1) return load(checkpoint, names.front(), shape, false);
+    return load_stacked(checkpoint, names, part_shape, shape);
 }
 
 void DecoderModel::load_weights(Checkpoint& checkpoint) {
@@ -134,10 +291,12 @@ void DecoderModel::load_weights(Checkpoint& checkpoint) {
         const std::string p = "model.layers." + std::to_string(i) + ".";
         w.input_norm = load(checkpoint, p + "input_layernorm.weight", {hidden}, true);
         w.post_attn_norm = load(checkpoint, p + "post_attention_layernorm.weight", {hidden}, true);
-        w.q_proj = load(checkpoint, p + "self_attn.q_proj.weight", {spec.n_q_heads * spec.head_dim_k, hidden}, false);
-        w.k_proj = load(checkpoint, p + "self_attn.k_proj.weight", {spec.n_kv_heads * spec.head_dim_k, hidden}, false);
-        w.v_proj = load(checkpoint, p + "self_attn.v_proj.weight", {spec.n_kv_heads * spec.head_dim_v, hidden}, false);
-        w.o_proj = load(checkpoint, p + "self_attn.o_proj.weight", {hidden, spec.n_q_heads * spec.head_dim_v}, false);
+        const int64_t q_rows = spec.n_q_heads * spec.head_dim_k, k_rows = spec.n_kv_heads * spec.head_dim_k,
+                      v_rows = spec.n_kv_heads * spec.head_dim_v, o_cols = spec.n_q_heads * spec.head_dim_v;
+        w.q_proj = load_matrix(checkpoint, {p + "self_attn.q_proj.weight"}, {q_rows, hidden}, {q_rows, hidden}, w.q_proj_scale);
+        w.k_proj = load_matrix(checkpoint, {p + "self_attn.k_proj.weight"}, {k_rows, hidden}, {k_rows, hidden}, w.k_proj_scale);
+        w.v_proj = load_matrix(checkpoint, {p + "self_attn.v_proj.weight"}, {v_rows, hidden}, {v_rows, hidden}, w.v_proj_scale);
+        w.o_proj = load_matrix(checkpoint, {p + "self_attn.o_proj.weight"}, {hidden, o_cols}, {hidden, o_cols}, w.o_proj_scale);
         if (config_.qk_norm) {
             w.q_norm = load(checkpoint, p + "self_attn.q_norm.weight", {spec.head_dim_k}, true);
             w.k_norm = load(checkpoint, p + "self_attn.k_norm.weight", {spec.head_dim_k}, true);
@@ -150,9 +309,9 @@ void DecoderModel::load_weights(Checkpoint& checkpoint) {
         }
         if (spec.ffn == FfnKind::dense) {
             const int64_t inter = config_.intermediate_size;
-            w.gate_up = load_stacked(checkpoint, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {inter, hidden},
-                                     {2 * inter, hidden});
-            w.down = load(checkpoint, p + "mlp.down_proj.weight", {hidden, inter}, false);
+            w.gate_up = load_matrix(checkpoint, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {inter, hidden},
+                                    {2 * inter, hidden}, w.gate_up_scale);
+            w.down = load_matrix(checkpoint, {p + "mlp.down_proj.weight"}, {hidden, inter}, {hidden, inter}, w.down_scale);
         } else {
             w.router = load(checkpoint, p + "mlp.gate.weight", {config_.n_experts, hidden}, true);
             if (config_.router_bias)
@@ -175,7 +334,9 @@ std::map<DType, uint64_t> DecoderModel::weight_bytes() const {
     for (const LayerWeights& w : layers_) {
         for (const Tensor* t : {&w.input_norm, &w.post_attn_norm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.q_norm,
                                 &w.k_norm, &w.sinks, &w.gate_up, &w.down, &w.router, &w.router_bias,
-                                &w.experts_gate_up, &w.experts_down})
+                                &w.experts_gate_up, &w.experts_down, &w.q_proj_scale.scale, &w.k_proj_scale.scale,
+                                &w.v_proj_scale.scale, &w.o_proj_scale.scale, &w.gate_up_scale.scale,
+                                &w.down_scale.scale, &w.experts_gate_up_scale.scale, &w.experts_down_scale.scale})
             add(*t);
     }
     return bytes;
@@ -189,7 +350,9 @@ uint64_t DecoderModel::weight_bytes_per_decode_token() const {
     // Only top_k of the experts of each MoE layer.
     for (const LayerWeights& w : layers_) {
         if (!w.experts_gate_up.data) continue;
-        const uint64_t expert_bytes = w.experts_gate_up.nbytes() + w.experts_down.nbytes();
+        uint64_t expert_bytes = w.experts_gate_up.nbytes() + w.experts_down.nbytes();
+        if (!w.experts_gate_up_scale.empty())
+            expert_bytes += w.experts_gate_up_scale.scale.nbytes() + w.experts_down_scale.scale.nbytes();
         bytes -= expert_bytes - expert_bytes * uint64_t(config_.router.top_k) / uint64_t(config_.n_experts);
     }
     return bytes;
@@ -235,9 +398,9 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         Tensor q = scratch.make(act, {n_tokens, n_q, dk});
         Tensor k = scratch.make(act, {n_tokens, n_kv, dk});
         Tensor v = scratch.make(act, {n_tokens, n_kv, dv});
-        backend_.matmul(normed, w.q_proj, q.reshape({n_tokens, n_q * dk}));
-        backend_.matmul(normed, w.k_proj, k.reshape({n_tokens, n_kv * dk}));
-        backend_.matmul(normed, w.v_proj, v.reshape({n_tokens, n_kv * dv}));
+        backend_.matmul(normed, w.q_proj, q.reshape({n_tokens, n_q * dk}), w.q_proj_scale);
+        backend_.matmul(normed, w.k_proj, k.reshape({n_tokens, n_kv * dk}), w.k_proj_scale);
+        backend_.matmul(normed, w.v_proj, v.reshape({n_tokens, n_kv * dv}), w.v_proj_scale);
         if (config_.qk_norm) {
             backend_.rmsnorm(q.reshape({n_tokens * n_q, dk}), w.q_norm, eps, q.reshape({n_tokens * n_q, dk}));
             backend_.rmsnorm(k.reshape({n_tokens * n_kv, dk}), w.k_norm, eps, k.reshape({n_tokens * n_kv, dk}));
@@ -265,7 +428,7 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         Tensor attn = scratch.make(act, {n_tokens, n_q, dv});
         backend_.attention(q, cache.k, cache.v, w.sinks, group, params, attn);
         tap("attn_output", layer, attn);
-        backend_.matmul(attn.reshape({n_tokens, n_q * dv}), w.o_proj, block_out);
+        backend_.matmul(attn.reshape({n_tokens, n_q * dv}), w.o_proj, block_out, w.o_proj_scale);
         tap("attn_proj", layer, block_out);
 
         // ---- feed-forward ----
@@ -275,9 +438,9 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
             const int64_t inter = config_.intermediate_size;
             Tensor gate_up = scratch.make(act, {n_tokens, 2 * inter});
             Tensor activated = scratch.make(act, {n_tokens, inter});
-            backend_.matmul(normed, w.gate_up, gate_up);
+            backend_.matmul(normed, w.gate_up, gate_up, w.gate_up_scale);
             backend_.swiglu(gate_up, activated);
-            backend_.matmul(activated, w.down, block_out);
+            backend_.matmul(activated, w.down, block_out, w.down_scale);
         } else {
             const int64_t top_k = config_.router.top_k;
             Tensor router_logits = scratch.make(DType::f32, {n_tokens, config_.n_experts});
@@ -288,7 +451,8 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
             backend_.moe_route(router_logits, w.router_bias, config_.router, expert_ids, expert_weights);
             tap("expert_ids", layer, expert_ids);
             tap("expert_weights", layer, expert_weights);
-            backend_.moe_experts(normed, expert_ids, expert_weights, w.experts_gate_up, w.experts_down, block_out);
+            backend_.moe_experts(normed, expert_ids, expert_weights, w.experts_gate_up, w.experts_down, block_out,
+                                 w.experts_gate_up_scale, w.experts_down_scale);
         }
         tap("ffn_output", layer, block_out);
     }

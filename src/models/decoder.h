@@ -4,9 +4,11 @@
 #pragma once
 
 #include "backend/workspace.h"
+#include "loader/fp8_block.h"
 #include "models/model.h"
 
 #include <map>
+#include <span>
 #include <vector>
 
 namespace xinfer {
@@ -28,6 +30,17 @@ struct LayerWeights {
     Tensor router_bias;     // [n_experts] f32 (selection only)
     Tensor experts_gate_up; // [n_experts, 2 * moe_intermediate, hidden]
     Tensor experts_down;    // [n_experts, hidden, moe_intermediate]
+    // Block scales of the matrices above that stay f8_e4m3 on the device (FP8 checkpoints on a
+    // backend that runs fp8 MATMUL / MOE_EXPERTS; src/models/fp8_weights.h); empty otherwise.
+    // br × bc blocks: bc = weight_block_size[1], br = weight_block_size[0] or finer (see there).
+    BlockScales q_proj_scale;           // [ceil(n_q * dk / br), ceil(hidden / bc)] f32
+    BlockScales k_proj_scale;           // [ceil(n_kv * dk / br), ceil(hidden / bc)] f32
+    BlockScales v_proj_scale;           // [ceil(n_kv * dv / br), ceil(hidden / bc)] f32
+    BlockScales o_proj_scale;           // [ceil(hidden / br), ceil(n_q * dv / bc)] f32
+    BlockScales gate_up_scale;          // [ceil(2 * intermediate / br), ceil(hidden / bc)] f32
+    BlockScales down_scale;             // [ceil(hidden / br), ceil(intermediate / bc)] f32
+    BlockScales experts_gate_up_scale;  // [n_experts, ceil(2 * moe_intermediate / br), ceil(hidden / bc)] f32
+    BlockScales experts_down_scale;     // [n_experts, ceil(hidden / br), ceil(moe_intermediate / bc)] f32 (same br)
 };
 
 class DecoderModel final : public Model {
@@ -51,6 +64,20 @@ private:
     Tensor load_stacked(Checkpoint& checkpoint, const std::vector<std::string>& names,
                         std::initializer_list<int64_t> part_shape, std::initializer_list<int64_t> shape);
     void load_experts(Checkpoint& checkpoint, const std::string& prefix, LayerWeights& weights);
+    // A weight matrix made of `names` stacked along rows (each of `part_shape`; a single name may
+    // hold the whole `shape`). FP8 parts stay e4m3 with their op scales in `scale` when FP8
+    // residency is on and the backend takes the shape; otherwise as load / load_stacked.
+    Tensor load_matrix(Checkpoint& checkpoint, const std::vector<std::string>& names,
+                       std::initializer_list<int64_t> part_shape, std::initializer_list<int64_t> shape,
+                       BlockScales& scale);
+    // The stored scale grid of every part of `names` when they are block-scaled FP8 that may stay
+    // resident (dummy: the config's contiguous grids); empty when they are not.
+    std::vector<Fp8ScaleGrid> fp8_grids(Checkpoint& checkpoint, const std::vector<std::string>& names,
+                                        std::span<const int64_t> part_shape) const;
+    // Loads (or, in dummy mode, makes) FP8 `names` as e4m3 `shape` plus op scales at `block_rows`.
+    Tensor load_fp8(Checkpoint& checkpoint, const std::vector<std::string>& names, std::span<const int64_t> part_shape,
+                    std::span<const int64_t> shape, const std::vector<Fp8ScaleGrid>& grids, int64_t block_rows,
+                    BlockScales& scale);
     Tensor allocate(DType dtype, std::initializer_list<int64_t> shape);
     void fill_dummy(const Tensor& t, bool is_norm);
     DType dummy_matrix_dtype() const { return backend_.props().host_memory ? options_.dummy_dtype : act_dtype_; }
@@ -61,6 +88,7 @@ private:
     Backend& backend_;
     uint64_t dummy_counter_ = 0;
     DType act_dtype_;  // activations and KV cache
+    bool keep_fp8_ = false;  // FP8 matrices stay e4m3 + scales (keep_fp8_weights)
     Workspace workspace_;          // activations, reused every step
     std::vector<Buffer> buffers_;  // owns every weight
     Tensor embed_tokens_;          // [vocab, hidden]

@@ -32,6 +32,19 @@ struct LayerSpec {
     FfnKind ffn = FfnKind::dense;
 };
 
+// Block-scaled FP8 weights (config.json quantization_config with quant_method "fp8"): the block
+// geometry and which modules stay unquantized. Embeddings, norms, routers and sinks never are.
+struct Fp8WeightConfig {
+    bool enabled = false;
+    int64_t block_rows = 128;  // weight_block_size[0]
+    int64_t block_cols = 128;  // weight_block_size[1]
+    // modules_to_not_convert (HF) / ignored_layers (vLLM): module names ("model.layers.0.self_attn.o_proj")
+    // or short names ("o_proj") whose weights stay bf16.
+    std::vector<std::string> not_converted;
+    // Whether the matrix named `tensor` ("model.layers.3.self_attn.q_proj.weight") is stored in e4m3.
+    bool quantizes(std::string_view tensor) const;
+};
+
 struct ModelConfig {
     std::string architecture;  // config.json architectures[0]
     int64_t vocab_size = 0;
@@ -47,6 +60,7 @@ struct ModelConfig {
     RouterParams router;
     int64_t max_position_embeddings = 0;
     DType dtype = DType::bf16;   // config.json "dtype" / "torch_dtype": the checkpoint's compute dtype
+    Fp8WeightConfig fp8;         // block-scaled FP8 matrices (quantization_config)
     std::vector<LayerSpec> layers;
     // Tensor-name prefixes present in checkpoints but only used by speculation (MTP heads).
     std::vector<std::string> speculative_prefixes;
@@ -116,8 +130,14 @@ struct LoadOptions {
     std::string dtype = "auto";
     // On host-memory backends, FP8 block-scaled weights are dequantized at load to this dtype:
     // f32 (the default) reproduces the checkpoint's values exactly, which the oracle needs;
-    // bf16 halves memory. Accelerators keep every matrix in bf16.
+    // bf16 halves memory.
     DType dequant_dtype = DType::f32;
+    // Block-scaled FP8 matrices on accelerators (`--fp8-weights`): "auto" keeps them e4m3 with
+    // their f32 block scales wherever the backend's supports_op accepts f8 MATMUL / MOE_EXPERTS
+    // (host-memory backends, the oracle, always dequantize); "dequantize" expands them to the
+    // activation dtype at load. With --load-format dummy, a config with an fp8 quantization_config
+    // gets random e4m3 weights + scales the same way.
+    std::string fp8_weights = "auto";
 };
 
 // Parameter counts derived from the config alone (no weights needed).

@@ -3,6 +3,7 @@
 #include "core/status.h"
 #include "models/architectures.h"
 #include "models/decoder.h"
+#include "models/fp8_weights.h"
 
 #include <fmt/ranges.h>
 
@@ -61,6 +62,7 @@ ModelConfig read_model_config(const Checkpoint& checkpoint) {
     else if (dtype == "bfloat16") config.dtype = DType::bf16;
     else if (dtype == "float16") config.dtype = DType::f16;
     else fail("{}: dtype \"{}\" is not supported (float32, bfloat16, float16)", cfg.path().string(), dtype);
+    config.fp8 = read_fp8_weight_config(checkpoint.config(), checkpoint.fp8());
     for (size_t i = 0; i < config.layers.size(); ++i) {
         const LayerSpec& l = config.layers[i];
         if (l.n_kv_heads <= 0 || l.n_q_heads % l.n_kv_heads != 0)

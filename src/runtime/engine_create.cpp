@@ -1,6 +1,7 @@
 // Engine::create: options → memory plan (refuse early) → model → KV pool → engine.
 #include "core/status.h"
 #include "runtime/engine_impl.h"
+#include "models/fp8_weights.h"
 #include "runtime/memory_plan.h"
 
 #include <fmt/core.h>
@@ -47,6 +48,11 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     plan_options.activation_dtype = planned_activation_dtype(config, options, host);
     plan_options.weight_dtype = planned_weight_dtype(config, options, host, checkpoint->fp8().enabled,
                                                      plan_options.activation_dtype);
+    LoadOptions load_options;
+    load_options.dummy = dummy;
+    load_options.dtype = options.dtype;
+    load_options.fp8_weights = options.fp8_weights;
+    plan_options.fp8_weights = keep_fp8_weights(config, load_options, *backend, plan_options.activation_dtype);
     plan_options.kv_dtype = resolve_kv_cache_dtype(options.kv_cache_dtype, plan_options.activation_dtype);
     plan_options.speculative_config = options.speculative_config;
     plan_options.min_tokens_per_page = options.min_tokens_per_page;
@@ -66,9 +72,6 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     if (!plan.fits)
         fail("the configuration does not fit {} (nothing was loaded):\n{}", backend->name(), plan.report());
 
-    LoadOptions load_options;
-    load_options.dummy = dummy;
-    load_options.dtype = options.dtype;
     auto model = load_model(*checkpoint, *backend, load_options);
 
     // The drafter (if any) borrows the loaded target; the runner exports the features it reads.

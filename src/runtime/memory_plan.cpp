@@ -37,35 +37,69 @@ std::string with_commas(int64_t value) {
 
 struct WeightTally {
     std::map<DType, WeightLine> lines;
-    void add(DType dtype, double elements_per_rank, bool replicated) {
+    double decode_bytes = 0;  // per rank, read by a batch-1 decode step
+    // `elements_per_rank` of dtype; `read_fraction` of them read per decode token.
+    void add(DType dtype, double elements_per_rank, bool replicated, double read_fraction = 1) {
         WeightLine& line = lines[dtype];
         line.dtype = dtype;
         const uint64_t bytes = uint64_t(elements_per_rank * double(dtype_size(dtype)));
         (replicated ? line.replicated : line.sharded) += bytes;
+        decode_bytes += double(bytes) * read_fraction;
     }
 };
 
-// Weights per rank as the decoder loads them (src/models/decoder.cpp): matrices in weight_dtype,
-// norms, routers and sinks in f32. Sharded over tensor_parallel_size: attention heads, experts,
-// dense FFN, the (vocab-parallel) embedding and lm_head. Replicated: norms and routers.
+// Weights per rank as the decoder loads them (src/models/decoder.cpp): matrices in weight_dtype
+// (or, with fp8_weights, those the config quantizes in e4m3 plus one f32 scale per block), norms,
+// routers and sinks in f32. Sharded over tensor_parallel_size: attention heads, experts, dense
+// FFN, the (vocab-parallel) embedding and lm_head. Replicated: norms and routers.
 WeightTally tally_weights(const ModelConfig& config, const PlanOptions& options) {
     const double tp = options.tensor_parallel_size, hidden = double(config.hidden_size);
     const DType w = options.weight_dtype;
+    const Fp8WeightConfig& fp8 = config.fp8;
     WeightTally tally;
-    const double embedding = double(config.vocab_size) * hidden / tp;
-    tally.add(w, config.tie_word_embeddings ? embedding : 2 * embedding, false);
+    // `count` matrices [rows, cols] named `name`, `share` of them on this rank.
+    auto matrix = [&](const std::string& name, double rows, double cols, double share, double read_fraction = 1) {
+        if (!(options.fp8_weights && fp8.quantizes(name))) {
+            tally.add(w, rows * cols * share, false, read_fraction);
+            return;
+        }
+        const double blocks = std::ceil(rows / double(fp8.block_rows)) * std::ceil(cols / double(fp8.block_cols));
+        tally.add(DType::f8_e4m3, rows * cols * share, false, read_fraction);
+        tally.add(DType::f32, blocks * share, false, read_fraction);
+    };
+    const double vocab_share = double(config.vocab_size) / tp;
+    if (config.tie_word_embeddings) {
+        tally.add(w, vocab_share * hidden, false);  // embedding = lm_head: read whole for the logits
+    } else {
+        tally.add(w, vocab_share * hidden, false, 1.0 / vocab_share);  // embedding: one row per token
+        tally.add(w, vocab_share * hidden, false);                     // lm_head
+    }
     tally.add(DType::f32, hidden, true);  // final norm
-    for (const LayerSpec& l : config.layers) {
+    for (size_t i = 0; i < config.layers.size(); ++i) {
+        const LayerSpec& l = config.layers[i];
+        const std::string p = "model.layers." + std::to_string(i) + ".";
         const double kv_heads = kv_heads_per_rank(l.n_kv_heads, options.tensor_parallel_size);
+        const double q_share = 1 / tp;
         tally.add(DType::f32, 2 * hidden + (config.qk_norm ? 2 * l.head_dim_k : 0), true);
-        tally.add(w, hidden * (double(l.n_q_heads) * (l.head_dim_k + l.head_dim_v) / tp), false);  // q, o
-        tally.add(w, hidden * kv_heads * (l.head_dim_k + l.head_dim_v), false);                    // k, v
+        matrix(p + "self_attn.q_proj.weight", double(l.n_q_heads) * l.head_dim_k, hidden, q_share);
+        matrix(p + "self_attn.k_proj.weight", kv_heads * l.head_dim_k, hidden, 1);
+        matrix(p + "self_attn.v_proj.weight", kv_heads * l.head_dim_v, hidden, 1);
+        matrix(p + "self_attn.o_proj.weight", hidden, double(l.n_q_heads) * l.head_dim_v, q_share);
         if (l.has_sinks) tally.add(DType::f32, double(l.n_q_heads) / tp, false);
         if (l.ffn == FfnKind::dense) {
-            tally.add(w, 3 * hidden * double(config.intermediate_size) / tp, false);
+            const double inter = double(config.intermediate_size);
+            matrix(p + "mlp.gate_proj.weight", inter, hidden, 1 / tp);
+            matrix(p + "mlp.up_proj.weight", inter, hidden, 1 / tp);
+            matrix(p + "mlp.down_proj.weight", hidden, inter, 1 / tp);
         } else {
             tally.add(DType::f32, double(config.n_experts) * hidden + (config.router_bias ? config.n_experts : 0), true);
-            tally.add(w, 3 * hidden * double(config.moe_intermediate_size) * config.n_experts / tp, false);
+            const double inter = double(config.moe_intermediate_size), experts = config.n_experts / tp;
+            // A batch-1 token reads top_k of the experts (of the rank's share).
+            const double read = double(config.router.top_k) / double(config.n_experts);
+            const std::string e = p + "mlp.experts.0.";
+            matrix(e + "gate_proj.weight", inter, hidden, experts, read);
+            matrix(e + "up_proj.weight", inter, hidden, experts, read);
+            matrix(e + "down_proj.weight", hidden, inter, experts, read);
         }
     }
     return tally;
@@ -166,10 +200,12 @@ MemoryPlan plan_memory(const ModelConfig& config, const PlanOptions& options) {
     const int tp = options.tensor_parallel_size;
     const int S = options.max_num_seqs;
 
-    for (const auto& [dtype, line] : tally_weights(config, options).lines) {
+    const WeightTally tally = tally_weights(config, options);
+    for (const auto& [dtype, line] : tally.lines) {
         plan.weights.push_back(line);
         plan.weight_bytes += line.sharded + line.replicated;
     }
+    plan.decode_weight_bytes = uint64_t(tally.decode_bytes);
 
     // KV layout per rank: each group keeps its geometry with the rank's share of KV heads.
     std::vector<KvGroupShape> shapes;
@@ -313,7 +349,10 @@ std::string MemoryPlan::report() const {
     for (const WeightLine& w : weights)
         line(fmt::format("  {:<8} {:>14} sharded (÷{}) + {:>12} replicated (norms, routers)", dtype_name(w.dtype),
                          bytes_text(double(w.sharded)), o.tensor_parallel_size, bytes_text(double(w.replicated))));
-    line(fmt::format("  total    {:>14} ({} B)", bytes_text(double(weight_bytes)), with_commas(int64_t(weight_bytes))));
+    line(fmt::format("  total    {:>14} ({} B){}", bytes_text(double(weight_bytes)), with_commas(int64_t(weight_bytes)),
+                     o.fp8_weights ? " — FP8 matrices as e4m3 + f32 block scales" : ""));
+    line(fmt::format("  read per batch-1 decode token: {} ({:.2f} GB)", bytes_text(double(decode_weight_bytes)),
+                     double(decode_weight_bytes) / 1e9));
     line(fmt::format("workspace peak: {}", bytes_text(double(workspace_bytes))));
     line(fmt::format("  = {}", workspace_formula));
     if (!speculative_note.empty())

@@ -26,6 +26,9 @@ struct PlanOptions {
     int max_num_seqs = 64;
     int64_t max_num_batched_tokens = 2048;
     DType weight_dtype = DType::bf16;      // matrices as loaded (norms, routers, sinks stay f32)
+    // Block-scaled FP8 matrices (config.fp8.quantizes) stay e4m3 + f32 scales instead of
+    // weight_dtype (LoadOptions::fp8_weights "auto" on a backend that runs them).
+    bool fp8_weights = false;
     DType activation_dtype = DType::bf16;  // activations and workspace
     DType kv_dtype = DType::bf16;
     int tensor_parallel_size = 1;
@@ -57,6 +60,7 @@ struct MemoryPlan {
     int64_t max_model_len = 0;
     std::vector<WeightLine> weights;
     uint64_t weight_bytes = 0;      // per rank
+    uint64_t decode_weight_bytes = 0;  // per rank, read by a batch-1 decode step: top_k experts, one embedding row
     uint64_t workspace_bytes = 0;   // activation peak of one step
     std::string workspace_formula;  // how workspace_bytes was computed, with its terms
     uint64_t speculative_bytes = 0;
