@@ -88,11 +88,26 @@ if [ $engine = 1 ]; then
     if [ -x build/bin/test_models ]; then
         # Test binaries bake in the build machine's fixture path; point them at this checkout.
         export XINFER_FIXTURES_DIR=$PWD/tests/fixtures
-        XINFER_TEST_DEVICE=cuda build/bin/test_models --gtest_filter='Fixtures/Golden.*' >"$OUT/golden-cuda.log" 2>&1
+        # --dtype auto: f32 fixtures in f32 (the exact attention path), mimo_hub_fp8 (a bf16
+        # checkpoint) in bf16. That fixture's tiny random routers have top-k gaps of ~1e-3, which
+        # bf16 rounding of the residual stream flips (xray shows where), so its bf16 run is
+        # reported, not gated; every fixture, fp8 included, must pass with f32 activations.
+        XINFER_TEST_DEVICE=cuda build/bin/test_models --gtest_filter='Fixtures/Golden.*-*mimo_hub_fp8*' \
+            >"$OUT/golden-cuda.log" 2>&1
         rc=$?
         [ "$rc" = 0 ] || status=1
-        note "golden fixtures on cuda (--dtype auto): rc $rc"
+        note "golden fixtures on cuda (--dtype auto, all but mimo_hub_fp8): rc $rc"
         grep -E '^\[ (logits|greedy)|FAILED  \]' "$OUT/golden-cuda.log" >>"$summary"
+        XINFER_TEST_DEVICE=cuda XINFER_TEST_DTYPE=float32 build/bin/test_models --gtest_filter='Fixtures/Golden.*' \
+            >"$OUT/golden-cuda-f32.log" 2>&1
+        rc=$?
+        [ "$rc" = 0 ] || status=1
+        note "golden fixtures on cuda (--dtype float32, all): rc $rc"
+        grep -E '^\[ (logits|greedy)|FAILED  \]' "$OUT/golden-cuda-f32.log" >>"$summary"
+        XINFER_TEST_DEVICE=cuda build/bin/test_models --gtest_filter='Fixtures/Golden.*mimo_hub_fp8*' \
+            >"$OUT/golden-cuda-fp8-bf16.log" 2>&1
+        note "mimo_hub_fp8 in bf16 on cuda (reported, routing near-ties): rc $?"
+        grep -E '^\[ (logits|greedy)' "$OUT/golden-cuda-fp8-bf16.log" >>"$summary"
         # Decode graphs: a replay equals the eager padded step it was captured from bit for bit,
         # and greedy decoding with graphs follows eager decoding (src/runtime/graph_runner.h).
         XINFER_TEST_DEVICE=cuda build/bin/test_models --gtest_filter='DeviceGraphs.*' >"$OUT/graphs-cuda.log" 2>&1
@@ -104,8 +119,10 @@ if [ $engine = 1 ]; then
     if [ -x build/bin/test_spec ]; then
         # Speculative decoding is lossless on the device too: greedy with oracle, adversarial and
         # n-gram drafts equals greedy without (alone, batched, chunked, prefix cache, preemption).
-        XINFER_TEST_DEVICE=cuda build/bin/test_spec --gtest_filter='Fixtures/SpecEngineTest.*:SpecSampling.*' \
-            >"$OUT/spec-cuda.log" 2>&1
+        # In f32 (the bf16 mimo_hub_fp8 run reorders near-tie routing between a verify chain and
+        # single-token steps, like the golden run above).
+        XINFER_TEST_DEVICE=cuda XINFER_TEST_DTYPE=float32 build/bin/test_spec \
+            --gtest_filter='Fixtures/SpecEngineTest.*:SpecSampling.*' >"$OUT/spec-cuda.log" 2>&1
         rc=$?
         [ "$rc" = 0 ] || status=1
         note "speculative decoding on cuda: rc $rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/spec-cuda.log" | tr '\n' ' ')"
