@@ -14,9 +14,12 @@
 // The order of rows inside an expert's block depends on atomics, but every row is computed
 // independently and the combine sums in slot order, so results are bitwise reproducible.
 //
-// Few pairs (P ≤ kGemvMaxPairs: decode, verification) skip steps 1-3: the GEMV kernel (gemm.cu)
-// computes each pair's rows straight from ids, one warp per output column streaming that pair's
-// expert row; the combine is the same.
+// Few tokens (decode, verification, small serving batches; bf16 or FP8 block-scaled experts) take
+// the grouped path instead: two tensor-core weight streams that read each touched expert's weights
+// once, whatever the number of tokens that chose it (see "few-token experts grouped by expert").
+// XINFER_CUDA_MOE_GROUPED=0 keeps the paths from before it: per-pair bf16 streams and, for fp8,
+// the GEMV kernel (gemm.cu: each pair's rows straight from ids, one warp per output column) for
+// P ≤ kGemvMaxPairs; XINFER_CUDA_MOE_STREAM=0 turns both stream paths off.
 #include "gemm.h"
 
 #include "device_utils.cuh"
@@ -323,6 +326,479 @@ bool moe_stream_enabled() {
     return enabled;
 }
 
+// ---- few-token experts grouped by expert: tensor-core weight streams -----------------------------
+// Decode, speculative verification and small serving batches (P = T·top_k ≤ kGroupedMaxPairs
+// pairs, few pairs per expert): each chosen expert's weights are read ONCE per step, however many
+// tokens chose it, and dotted against all of them on the tensor cores (mma.sync m16n8k16: a warp
+// owns 16 weight rows, the 8 columns of B are 8 of the expert's pairs). Bytes read = the distinct
+// experts' weights; FLOPs stay cheap (the tensor cores do them), so the op is a weight stream up
+// to ≈ 32 pairs per expert.
+//   gate_up_swiglu: grid (I / 64, min(P, E)); block y takes the y-th distinct expert (ascending
+//                   id), each pair of its 8 warps 16 gate rows and the same 16 up rows, one warp
+//                   per half of H (summed in shared memory, in a fixed order);
+//                   h[p, i] = silu(g)·u with g and u rounded to bf16 first (as the tiled path
+//                   stores them), h in bf16.
+//   down_combine:   grid H / 16; a block owns 16 output columns for every expert: its warps take
+//                   the distinct experts round-robin, write down_e[n] · h[p] per pair to shared
+//                   memory, and the block sums weight · value in slot order per token
+//                   (deterministic, and no f32 [P, H] intermediate).
+// No host reads: every block derives the grouping (experts touched, each one's pairs) from the ids
+// in shared memory; grids are sized from shapes only (graph-safe). Which pair lands in which mma
+// column depends on atomics, but every column is computed independently, so results do not.
+// Weights are read with 16-byte streaming loads: 8 bf16 or 16 fp8 per lane. The mma's k order is a
+// permutation of the columns, the same for weights and activations: lane (g, c) = (lane/4, lane%4)
+// loads columns [c·w, c·w + w) of each chunk of 4w, and so does its activation fragment.
+// FP8 e4m3 weights (block scales, W = fp8 · scale[r / block_rows][c / block_cols]) are widened
+// exactly to bf16 in registers; each 64-column chunk lies inside one scale block (block_cols % 64
+// == 0, block_rows % 16 == 0), so its partial sums are multiplied by the scale once, in f32.
+// An expert id outside [0, E) makes its token's output NaN, as on the other paths.
+
+constexpr int kGroupedMaxPairs = 512;
+constexpr int kGateTiles = 4;                // 16-row tiles of gate (and up) rows per block
+constexpr int kGateWarps = 2 * kGateTiles;  // two warps per tile, each streaming half of H
+constexpr int kDownWarps = 8;
+
+// Builds the grouping in shared memory and returns the number of distinct valid experts nd:
+// slot_expert[0, nd) in ascending id order, cnt[e] pairs of expert e at list[end[e] - cnt[e], end[e]).
+__device__ int moe_block_plan(const int32_t* ids, int P, int E, int* cnt /*[E]*/, int* end /*[E]*/,
+                              int* list /*[P]*/, int* slot_expert /*[min(P, E)]*/) {
+    __shared__ int scan[64];
+    const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    for (int e = tid; e < E; e += nthreads) cnt[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < P; p += nthreads) {
+        const int e = ids[p];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    // Block-wide exclusive scan of (experts touched, pairs) over contiguous ranges of experts.
+    const int per = (E + nthreads - 1) / nthreads, e0 = min(E, tid * per), e1 = min(E, e0 + per);
+    int has = 0, pairs = 0;
+    for (int e = e0; e < e1; ++e) {
+        has += cnt[e] > 0;
+        pairs += cnt[e];
+    }
+    int inc_has = has, inc_pairs = pairs;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, inc_has, d), b = __shfl_up_sync(0xffffffffu, inc_pairs, d);
+        if (lane >= d) {
+            inc_has += a;
+            inc_pairs += b;
+        }
+    }
+    if (lane == 31) {
+        scan[warp] = inc_has;
+        scan[32 + warp] = inc_pairs;
+    }
+    __syncthreads();
+    int slot = inc_has - has, at = inc_pairs - pairs, nd = 0;
+    for (int w = 0; w < (nthreads + 31) / 32; ++w) {
+        if (w < warp) {
+            slot += scan[w];
+            at += scan[32 + w];
+        }
+        nd += scan[w];
+    }
+    for (int e = e0; e < e1; ++e) {
+        end[e] = at;  // the start; the scatter below advances it to the end
+        at += cnt[e];
+        if (cnt[e] > 0) slot_expert[slot++] = e;
+    }
+    __syncthreads();
+    for (int p = tid; p < P; p += nthreads) {
+        const int e = ids[p];
+        if (e >= 0 && e < E) list[atomicAdd(&end[e], 1)] = p;
+    }
+    __syncthreads();
+    return nd;
+}
+
+// Shared memory of the plan, in ints (the down kernel adds its [P, 16] f32 partials after it).
+__host__ __device__ inline int64_t moe_plan_ints(int64_t P, int64_t E) { return 2 * E + P + (P < E ? P : E); }
+
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// d[16×8] += a[16×16] · b[16×8], bf16 in, f32 accumulate. a0/a2: row g, a1/a3: row g+8;
+// a0/a1 and b0 hold k = 2c, 2c+1; a2/a3 and b1 hold k = 2c+8, 2c+9.
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 values (the low 16 bits of v) to bf16x2, exactly (e4m3 ⊂ f16 ⊂ f32, and bf16 holds
+// every e4m3 value).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// One chunk's A fragments (rows g and g+8), ready for the mma: bf16 chunks are 32 columns (two
+// k16 steps), fp8 chunks 64 columns (four).
+template <bool kFp8>
+struct AFrag {
+    static constexpr int kSteps = kFp8 ? 4 : 2;
+    uint32_t a[kSteps][4];
+    __device__ __forceinline__ void set(uint4 r0, uint4 r1) {
+        if constexpr (kFp8) {
+            const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {  // step m: columns 16c + 4m .. 16c + 4m + 3
+                a[m][0] = e4m3x2_to_bf16x2(w0[m]);
+                a[m][1] = e4m3x2_to_bf16x2(w1[m]);
+                a[m][2] = e4m3x2_to_bf16x2(w0[m] >> 16);
+                a[m][3] = e4m3x2_to_bf16x2(w1[m] >> 16);
+            }
+        } else {  // step m: columns 8c + 4m .. 8c + 4m + 3
+            a[0][0] = r0.x, a[0][1] = r1.x, a[0][2] = r0.y, a[0][3] = r1.y;
+            a[1][0] = r0.z, a[1][1] = r1.z, a[1][2] = r0.w, a[1][3] = r1.w;
+        }
+    }
+    // d += A · X for one 8-pair tile; xw = the lane's activations at its columns of the chunk
+    // (8 bf16 in xw[0..3], fp8 chunks 16 in xw[0..7]).
+    __device__ __forceinline__ void mma(float (&d)[4], const uint32_t* xw) const {
+#pragma unroll
+        for (int m = 0; m < kSteps; ++m) mma_16816(d, a[m][0], a[m][1], a[m][2], a[m][3], xw[2 * m], xw[2 * m + 1]);
+    }
+};
+
+// The lane's activation fragment of one chunk: columns [col, col + 8·(1 + kFp8)), zero past the end.
+template <bool kFp8>
+__device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat16* row, int64_t col, bool ok) {
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    const uint4 v0 = ok ? __ldg(reinterpret_cast<const uint4*>(row + col)) : z;
+    xw[0] = v0.x, xw[1] = v0.y, xw[2] = v0.z, xw[3] = v0.w;
+    if constexpr (kFp8) {
+        const uint4 v1 = ok ? __ldg(reinterpret_cast<const uint4*>(row + col + 8)) : z;
+        xw[4] = v1.x, xw[5] = v1.y, xw[6] = v1.z, xw[7] = v1.w;
+    }
+}
+
+// Programmatic dependent launch (sm_90): the down kernel may start (and build its plan) while the
+// gate_up kernel finishes; it waits for the gate_up grid's results before reading h. Both
+// instructions are no-ops without the launch attribute.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+template <bool kFp8, int kNT, int kU>
+__global__ void __launch_bounds__(kGateWarps * 32, 2)
+    moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
+                               const void* gate_up /*[E, 2I, H]*/, const float* scale /*[E, srows, scols] or null*/,
+                               int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
+                               int64_t H, __nv_bfloat16* h_out /*[P, I]*/) {
+    extern __shared__ int plan_smem[];
+    // The second half of the warps' partial sums (the half of H they streamed), per 16-row tile.
+    __shared__ float partner[kGateTiles][kNT][8][32];
+    int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
+    const int nd = moe_block_plan(ids, P, E, cnt, end, list, slot_expert);
+    pdl_launch_dependents();
+    const int j = blockIdx.y;
+    if (j >= nd) return;  // block-uniform
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int tile = warp % kGateTiles, half = warp / kGateTiles;  // warps (t, 0) and (t, 1) split H
+    const int64_t i0 = (int64_t(blockIdx.x) * kGateTiles + tile) * 16;
+    const bool active = i0 < I;  // no early exit: the block synchronizes below
+    const int e = slot_expert[j], n_e = cnt[e];
+    const int* pairs = list + end[e] - n_e;
+
+    constexpr int kBytes = kFp8 ? 1 : 2, kLaneCols = kFp8 ? 16 : 8, kChunk = 4 * kLaneCols;
+    constexpr int64_t kStep = int64_t(kChunk) * kU;
+    const char* base = static_cast<const char*>(gate_up) + int64_t(e) * 2 * I * H * kBytes;
+    const int64_t r0 = min(i0 + g, I - 1), r1 = min(i0 + g + 8, I - 1);
+    const char* gate0 = base + r0 * H * kBytes;
+    const char* gate1 = base + r1 * H * kBytes;
+    const char* up0 = base + (I + r0) * H * kBytes;
+    const char* up1 = base + (I + r1) * H * kBytes;
+    const float* scale_g = nullptr;
+    const float* scale_u = nullptr;
+    if constexpr (kFp8) {
+        scale_g = scale + (int64_t(e) * scale_rows + min(i0, I - 1) / block_rows) * scale_cols;
+        scale_u = scale + (int64_t(e) * scale_rows + (I + min(i0, I - 1)) / block_rows) * scale_cols;
+    }
+
+    for (int pb = 0; pb < n_e; pb += 8 * kNT) {  // block-uniform
+        const __nv_bfloat16* xr[kNT];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) xr[nt] = x + int64_t(pairs[min(pb + nt * 8 + g, n_e - 1)] / top_k) * H;
+        float ag[kNT][4], au[kNT][4];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) ag[nt][r] = au[nt][r] = 0.f;
+
+        for (int64_t kb = half * kStep; active && kb < H; kb += 2 * kStep) {
+            uint4 wg0[kU], wg1[kU], wu0[kU], wu1[kU];
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                const int64_t col = kb + u * kChunk + c * kLaneCols;
+                if (col < H) {
+                    wg0[u] = load_stream16(gate0 + col * kBytes);
+                    wg1[u] = load_stream16(gate1 + col * kBytes);
+                    wu0[u] = load_stream16(up0 + col * kBytes);
+                    wu1[u] = load_stream16(up1 + col * kBytes);
+                } else {
+                    wg0[u] = wg1[u] = wu0[u] = wu1[u] = make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                const int64_t chunk = kb + u * kChunk;
+                if (chunk >= H) break;  // warp-uniform
+                const int64_t col = chunk + c * kLaneCols;
+                AFrag<kFp8> fg, fu;
+                fg.set(wg0[u], wg1[u]);
+                fu.set(wu0[u], wu1[u]);
+                float sg = 1.f, su = 1.f;
+                if constexpr (kFp8) {
+                    sg = __ldg(scale_g + chunk / block_cols);
+                    su = __ldg(scale_u + chunk / block_cols);
+                }
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) {
+                    if (pb + nt * 8 >= n_e) break;  // warp-uniform
+                    uint32_t xw[8];
+                    load_x_frag<kFp8>(xw, xr[nt], col, col < H);
+                    if constexpr (kFp8) {
+                        float tg[4] = {0.f, 0.f, 0.f, 0.f}, tu[4] = {0.f, 0.f, 0.f, 0.f};
+                        fg.mma(tg, xw);
+                        fu.mma(tu, xw);
+#pragma unroll
+                        for (int r = 0; r < 4; ++r) {
+                            ag[nt][r] = fmaf(tg[r], sg, ag[nt][r]);
+                            au[nt][r] = fmaf(tu[r], su, au[nt][r]);
+                        }
+                    } else {
+                        fg.mma(ag[nt], xw);
+                        fu.mma(au[nt], xw);
+                    }
+                }
+            }
+        }
+        if (half == 1) {
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    partner[tile][nt][2 * r][lane] = ag[nt][r];
+                    partner[tile][nt][2 * r + 1][lane] = au[nt][r];
+                }
+        }
+        __syncthreads();
+        // Accumulator r of tile nt: row i0 + g (+8 for r ≥ 2), pair column pb + 8·nt + 2c + (r & 1).
+        if (half == 0 && active) {
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int64_t row = i0 + g + (r >= 2 ? 8 : 0);
+                    const int q = pb + nt * 8 + 2 * c + (r & 1);
+                    if (row < I && q < n_e) {
+                        const float gv = round_to(XINFER_DTYPE_BF16, ag[nt][r] + partner[tile][nt][2 * r][lane]);
+                        const float uv = round_to(XINFER_DTYPE_BF16, au[nt][r] + partner[tile][nt][2 * r + 1][lane]);
+                        h_out[int64_t(pairs[q]) * I + row] = __float2bfloat16_rn(gv / (1.f + expf(-gv)) * uv);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // `partner` is reused by the next pass
+    }
+}
+
+template <bool kFp8, int kNT, int kU>
+__global__ void __launch_bounds__(kDownWarps * 32, 2)
+    moe_grouped_down_kernel(const __nv_bfloat16* h /*[P, I]*/, const int32_t* ids /*[T, top_k]*/,
+                            const float* weights /*[T, top_k]*/, int T, int top_k, int E,
+                            const void* down /*[E, H, I]*/, const float* scale /*[E, srows, scols] or null*/,
+                            int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
+                            int64_t H, void* out /*[T, H]*/, int out_dtype) {
+    extern __shared__ int plan_smem[];
+    const int P = T * top_k;
+    int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
+    float* part = reinterpret_cast<float*>(plan_smem + moe_plan_ints(P, E));  // [P, 16]
+    const int nd = moe_block_plan(ids, P, E, cnt, end, list, slot_expert);
+    pdl_wait();  // h comes from the gate_up kernel
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int64_t n0 = int64_t(blockIdx.x) * 16;
+    const int64_t r0 = min(n0 + g, H - 1), r1 = min(n0 + g + 8, H - 1);
+    constexpr int kBytes = kFp8 ? 1 : 2, kLaneCols = kFp8 ? 16 : 8, kChunk = 4 * kLaneCols;
+
+    for (int j = warp; j < nd; j += kDownWarps) {
+        const int e = slot_expert[j], n_e = cnt[e];
+        const int* pairs = list + end[e] - n_e;
+        const char* base = static_cast<const char*>(down) + int64_t(e) * H * I * kBytes;
+        const char* w0 = base + r0 * I * kBytes;
+        const char* w1 = base + r1 * I * kBytes;
+        const float* scale_row = nullptr;
+        if constexpr (kFp8) scale_row = scale + (int64_t(e) * scale_rows + n0 / block_rows) * scale_cols;
+        for (int pb = 0; pb < n_e; pb += 8 * kNT) {
+            const __nv_bfloat16* hr[kNT];
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) hr[nt] = h + int64_t(pairs[min(pb + nt * 8 + g, n_e - 1)]) * I;
+            float acc[kNT][4];
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
+            for (int64_t kb = 0; kb < I; kb += int64_t(kChunk) * kU) {
+                uint4 a0[kU], a1[kU];
+#pragma unroll
+                for (int u = 0; u < kU; ++u) {
+                    const int64_t col = kb + u * kChunk + c * kLaneCols;
+                    if (col < I) {
+                        a0[u] = load_stream16(w0 + col * kBytes);
+                        a1[u] = load_stream16(w1 + col * kBytes);
+                    } else {
+                        a0[u] = a1[u] = make_uint4(0, 0, 0, 0);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < kU; ++u) {
+                    const int64_t chunk = kb + u * kChunk;
+                    if (chunk >= I) break;  // warp-uniform
+                    const int64_t col = chunk + c * kLaneCols;
+                    AFrag<kFp8> f;
+                    f.set(a0[u], a1[u]);
+                    float s = 1.f;
+                    if constexpr (kFp8) s = __ldg(scale_row + chunk / block_cols);
+#pragma unroll
+                    for (int nt = 0; nt < kNT; ++nt) {
+                        if (pb + nt * 8 >= n_e) break;  // warp-uniform
+                        uint32_t xw[8];
+                        load_x_frag<kFp8>(xw, hr[nt], col, col < I);
+                        if constexpr (kFp8) {
+                            float t[4] = {0.f, 0.f, 0.f, 0.f};
+                            f.mma(t, xw);
+#pragma unroll
+                            for (int r = 0; r < 4; ++r) acc[nt][r] = fmaf(t[r], s, acc[nt][r]);
+                        } else {
+                            f.mma(acc[nt], xw);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int q = pb + nt * 8 + 2 * c + (r & 1);
+                    if (q < n_e) part[pairs[q] * 16 + g + (r >= 2 ? 8 : 0)] = acc[nt][r];
+                }
+            }
+        }
+    }
+    __syncthreads();
+    // out[t, n] = Σ_slot weight · part, in slot order.
+    for (int idx = threadIdx.x; idx < T * 16; idx += blockDim.x) {
+        const int t = idx / 16, r = idx % 16;
+        const int64_t n = n0 + r;
+        if (n >= H) continue;
+        float acc = 0.f;
+        bool bad = false;
+        for (int s = 0; s < top_k; ++s) {
+            const int32_t e = ids[t * top_k + s];
+            if (e < 0 || e >= E) bad = true;
+            else acc = fmaf(weights[t * top_k + s], part[(t * top_k + s) * 16 + r], acc);
+        }
+        store_f(out, out_dtype, int64_t(t) * H + n, bad ? __int_as_float(0x7fc00000) : acc);
+    }
+}
+
+bool env_flag(const char* name, bool fallback) {
+    const char* v = std::getenv(name);
+    if (!v || !v[0]) return fallback;
+    return !(v[0] == '0' && v[1] == 0);
+}
+
+// XINFER_CUDA_MOE_GROUPED=0: the per-pair stream kernels above (bf16) / the GEMV (fp8) instead.
+bool moe_grouped_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_MOE_GROUPED", true);
+    return enabled;
+}
+// XINFER_CUDA_MOE_PDL=0: launch the grouped down kernel without programmatic dependent launch.
+bool moe_pdl_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_MOE_PDL", true);
+    return enabled;
+}
+// The grouped path runs while pairs per touched expert (P / min(E, P), the FLOPs per weight byte
+// of the step up to the dtype's size) stay at or below this; more go to the tiled GEMM.
+// XINFER_CUDA_MOE_GROUPED_PAIRS_PER_EXPERT overrides it (0: grouped only for P ≤ 64).
+int64_t moe_grouped_pairs_per_expert() {
+    static const int64_t value = [] {
+        const char* v = std::getenv("XINFER_CUDA_MOE_GROUPED_PAIRS_PER_EXPERT");
+        return v && v[0] ? int64_t(std::atoll(v)) : int64_t(32);
+    }();
+    return value;
+}
+
+struct GroupedArgs {
+    const __nv_bfloat16* x;
+    const int32_t* ids;
+    const float* weights;
+    int T, top_k, E;
+    const void *gate_up, *down;
+    const float *gate_up_scale, *down_scale;
+    int64_t gu_scale_rows, gu_scale_cols, dn_scale_rows, dn_scale_cols;
+    int block_rows, block_cols;
+    int64_t I, H;
+    __nv_bfloat16* h;
+    void* out;
+    int out_dtype;
+};
+
+template <bool kFp8, int kNT>
+int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
+    constexpr int kU = kNT == 1 || (kNT == 2 && !kFp8) ? 4 : 2;  // 16-byte loads per row in flight (registers)
+    const int P = a.T * a.top_k;
+    const size_t smem = size_t(moe_plan_ints(P, a.E)) * 4;
+    const dim3 grid(unsigned(ceil_div(a.I, 16 * kGateTiles)), unsigned(std::min(P, a.E)));
+    moe_grouped_gate_up_kernel<kFp8, kNT, kU><<<grid, kGateWarps * 32, smem, c->stream>>>(
+        a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale, a.gu_scale_rows, a.gu_scale_cols, a.block_rows,
+        a.block_cols, a.I, a.H, a.h);
+    XCUDA_CHECK_LAUNCH(c, "moe_grouped_gate_up_kernel");
+    return XINFER_OK;
+}
+
+template <bool kFp8, int kNT>
+int launch_grouped_down(Context* c, const GroupedArgs& a) {
+    constexpr int kU = kNT == 1 ? 8 : kNT == 2 ? 4 : 2;
+    const int P = a.T * a.top_k;
+    const size_t smem = size_t(moe_plan_ints(P, a.E)) * 4 + size_t(P) * 16 * 4;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(ceil_div(a.H, 16)));
+    cfg.blockDim = dim3(kDownWarps * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = moe_pdl_enabled() ? 1 : 0;
+    XCUDA_TRY(c, cudaLaunchKernelEx(&cfg, moe_grouped_down_kernel<kFp8, kNT, kU>, static_cast<const __nv_bfloat16*>(a.h),
+                                    a.ids, a.weights, a.T, a.top_k, a.E, a.down, a.down_scale, a.dn_scale_rows,
+                                    a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.out, a.out_dtype));
+    XCUDA_CHECK_LAUNCH(c, "moe_grouped_down_kernel");
+    return XINFER_OK;
+}
+
+template <int kNT>
+int launch_grouped(Context* c, const GroupedArgs& a, bool gate_up_fp8, bool down_fp8) {
+    if (int rc = gate_up_fp8 ? launch_grouped_gate_up<true, kNT>(c, a) : launch_grouped_gate_up<false, kNT>(c, a))
+        return rc;
+    return down_fp8 ? launch_grouped_down<true, kNT>(c, a) : launch_grouped_down<false, kNT>(c, a);
+}
+
 // ---- f32 experts ---------------------------------------------------------------------------------
 // Checkpoints that run in f32 (tiny golden fixtures, --dtype float32) keep f32 expert weights.
 // This path is for exactness, not speed: one warp per (pair, output row) dot product in f32.
@@ -465,7 +941,69 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
     const auto* id_data = static_cast<const int32_t*>(ids.data);
     const bool convert_x = x.dtype != XINFER_DTYPE_BF16;
 
-    // Few pairs, bf16 experts: the two fused weight-stream kernels.
+    // Few tokens (decode, verification, small serving batches), bf16 or fp8 experts: grouped by
+    // expert, each touched expert's weights read once. Chosen while pairs per touched expert stay
+    // few enough for the step to be a weight stream (see moe_grouped_pairs_per_expert).
+    {
+        const bool gu_fp8 = gate_up.dtype == XINFER_DTYPE_F8_E4M3, dn_fp8 = down.dtype == XINFER_DTYPE_F8_E4M3;
+        const bool any_fp8 = gu_fp8 || dn_fp8;
+        const bool dtypes_ok = (gate_up.dtype == XINFER_DTYPE_BF16 || gu_fp8) && (down.dtype == XINFER_DTYPE_BF16 || dn_fp8);
+        const int64_t align = any_fp8 ? 16 : 8;  // elements per 16-byte load of the narrowest operand
+        const int64_t touched = std::min(E, P);
+        const bool few = P <= kGemvMaxPairs || ceil_div(P, touched) <= moe_grouped_pairs_per_expert();
+        const size_t smem_down = size_t(moe_plan_ints(P, E)) * 4 + size_t(P) * 16 * 4;
+        if (moe_grouped_enabled() && moe_stream_enabled() && dtypes_ok && few && P <= kGroupedMaxPairs &&
+            H % align == 0 && I % align == 0 && (!any_fp8 || (br % 16 == 0 && bc % 64 == 0)) &&
+            pointer_alignment(gate_up.data) >= 16 && pointer_alignment(down.data) >= 16 &&
+            (convert_x || pointer_alignment(x.data) >= 16) && smem_down <= 48 * 1024 &&
+            moe_plan_ints(P, E) * 4 + 16 * 1024 <= 48 * 1024) {
+            ScratchPlan plan;
+            const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
+            const size_t off_h = plan.add(size_t(P * I) * 2);
+            if (int rc = ensure_scratch(c, plan.total)) return rc;
+            char* s = c->scratch;
+            GroupedArgs a{};
+            a.x = static_cast<const __nv_bfloat16*>(x.data);
+            if (convert_x) {
+                if (int rc = launch_convert(c, x.data, x.dtype, s + off_x, XINFER_DTYPE_BF16, T * H)) return rc;
+                a.x = reinterpret_cast<const __nv_bfloat16*>(s + off_x);
+            }
+            a.ids = id_data;
+            a.weights = static_cast<const float*>(weights.data);
+            a.T = int(T);
+            a.top_k = int(k);
+            a.E = int(E);
+            a.gate_up = gate_up.data;
+            a.down = down.data;
+            if (gu_fp8) {
+                a.gate_up_scale = static_cast<const float*>(gate_up_scale.data);
+                a.gu_scale_rows = gate_up_scale.shape[1];
+                a.gu_scale_cols = gate_up_scale.shape[2];
+            }
+            if (dn_fp8) {
+                a.down_scale = static_cast<const float*>(down_scale.data);
+                a.dn_scale_rows = down_scale.shape[1];
+                a.dn_scale_cols = down_scale.shape[2];
+            }
+            a.block_rows = int(br);
+            a.block_cols = int(bc);
+            a.I = I;
+            a.H = H;
+            a.h = reinterpret_cast<__nv_bfloat16*>(s + off_h);
+            a.out = out.data;
+            a.out_dtype = out.dtype;
+            // 8-pair mma tiles per pass over an expert's weights: enough for the expected busiest
+            // expert (a token picks an expert once, so ≤ T; ~3× the mean otherwise). An expert
+            // with more pairs takes further passes.
+            const int64_t busiest = std::min(T, 3 * ceil_div(P, touched));
+            if (busiest <= 8) return launch_grouped<1>(c, a, gu_fp8, dn_fp8);
+            if (busiest <= 16) return launch_grouped<2>(c, a, gu_fp8, dn_fp8);
+            return launch_grouped<4>(c, a, gu_fp8, dn_fp8);
+        }
+    }
+
+    // Few pairs, bf16 experts: the two fused weight-stream kernels (the path before grouping;
+    // XINFER_CUDA_MOE_GROUPED=0).
     if (P <= kGemvMaxPairs && moe_stream_enabled() && gate_up.dtype == XINFER_DTYPE_BF16 &&
         down.dtype == XINFER_DTYPE_BF16 && H % 8 == 0 && I % 8 == 0 && pointer_alignment(gate_up.data) >= 16 &&
         pointer_alignment(down.data) >= 16 && (convert_x || pointer_alignment(x.data) >= 16) && T <= 65535 &&

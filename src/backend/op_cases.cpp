@@ -362,6 +362,62 @@ OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_
                      });
 }
 
+// ---- FP8 block-scaled experts (plugins/cuda/moe.cu grouped path; the CPU dequantizes) ----------------
+
+// A finite e4m3 code, every one equally likely (zeros and subnormals included; 0x7f/0xff are NaN).
+uint8_t random_e4m3(std::mt19937& rng) {
+    const int b = std::uniform_int_distribution<int>(0, 253)(rng);
+    return uint8_t(b >= 0x7f ? b + 1 : b);
+}
+
+// One f8_e4m3 expert weight [E, rows, cols] with its f32 block scales [E, ceil(rows/br), ceil(cols/bc)]:
+// e4m3 values spread over their whole range, scales of magnitude a/448 (so W ~ U(±a)), different per
+// block. Correctness shapes are raw bytes built here; perf shapes are filled on the device.
+void push_fp8_expert(CaseData& d, const char* name, int weight_slot, int scale_slot, int64_t E, int64_t rows,
+                     int64_t cols, int64_t br, int64_t bc, float a, std::mt19937& rng) {
+    CaseTensor w = make_tensor(name, src(weight_slot), Access::input, false, DType::f8_e4m3, {E, rows, cols});
+    if (w.numel() > kMaxHostValues) {
+        w.bulk_random = 448.f;
+    } else {
+        w.raw.resize(size_t(w.numel()));
+        for (uint8_t& b : w.raw) b = random_e4m3(rng);
+    }
+    d.tensors.push_back(std::move(w));
+    const int64_t scale_rows = (rows + br - 1) / br, scale_cols = (cols + bc - 1) / bc;
+    d.tensors.push_back(fixed_input(std::string(name) + "_scale", src(scale_slot), DType::f32, {E, scale_rows, scale_cols},
+                                    rng, 0.5f * a / 448.f, 1.5f * a / 448.f));
+}
+
+OpCase moe_experts_fp8_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, int64_t br, int64_t bc,
+                            uint32_t seed) {
+    return make_case(XINFER_OP_MOE_EXPERTS,
+                     fmt::format("moe_experts(T={}, H={}, I={}, E={}, top_k={}, w=f8_e4m3, blocks={}x{})", T, H, I, E,
+                                 top_k, br, bc),
+                     kMoeExperts, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_MOE_EXPERTS);
+                         d.op.params.matmul.block_rows = int32_t(br);
+                         d.op.params.matmul.block_cols = int32_t(bc);
+                         d.tensors.push_back(act_input("x", src(0), {T, H}, rng));
+                         std::vector<int32_t> ids;
+                         std::vector<float> weights;
+                         for (int64_t t = 0; t < T; ++t) {
+                             const std::vector<int32_t> chosen = distinct(E, top_k, rng);
+                             ids.insert(ids.end(), chosen.begin(), chosen.end());
+                             std::vector<float> w = uniform(top_k, rng, 0.1f, 1.f);
+                             const float sum = std::accumulate(w.begin(), w.end(), 0.f);
+                             for (float v : w) weights.push_back(v / sum);
+                         }
+                         d.tensors.push_back(i32_input("ids", src(1), {T, top_k}, ids));
+                         d.tensors.push_back(fixed_values("weights", src(2), DType::f32, {T, top_k}, weights));
+                         const float a_gate = std::sqrt(3.f / float(H)) * 2.f, a_down = std::sqrt(3.f / float(I));
+                         push_fp8_expert(d, "gate_up", 3, 5, E, 2 * I, H, br, bc, a_gate, rng);
+                         push_fp8_expert(d, "down", 4, 6, E, H, I, br, bc, a_down, rng);
+                         d.tensors.push_back(act_output("out", dst(0), {T, H}));
+                         return d;
+                     });
+}
+
 // ---- sampling ------------------------------------------------------------------------------------------
 
 OpCase argmax_case(int64_t rows, int64_t vocab, bool ties, uint32_t seed) {
@@ -888,6 +944,19 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_experts_case(8, 520, 136, 32, 8, bf16, ++seed));
     cases.push_back(moe_experts_case(8, 256, 64, 8, 8, bf16, ++seed));
     cases.push_back(moe_experts_case(3, 264, 72, 8, 3, bf16, ++seed));
+    // Experts grouped by expert (moe.cu's grouped tensor-core streams): tokens sharing experts
+    // (1-8 tokens over 8 experts, 8-64 over 32, top-8), widths no multiple of the 32/64-column
+    // chunk, and FP8 block-scaled weights (128x128 blocks with partial edge blocks: I = 208, H = 272;
+    // 64x64; and 48-column blocks, which take the GEMV / tiled paths).
+    cases.push_back(moe_experts_case(2, 264, 136, 8, 8, bf16, ++seed));
+    cases.push_back(moe_experts_case(16, 256, 200, 32, 8, bf16, ++seed));
+    cases.push_back(moe_experts_case(64, 136, 72, 32, 8, bf16, ++seed));
+    for (auto [T, E] : {std::pair{1, 8}, std::pair{2, 8}, std::pair{4, 8}, std::pair{8, 8}, std::pair{8, 32},
+                        std::pair{32, 32}, std::pair{64, 32}})
+        cases.push_back(moe_experts_fp8_case(T, 272, 208, E, 8, 128, 128, ++seed));
+    cases.push_back(moe_experts_fp8_case(5, 192, 320, 16, 3, 64, 64, ++seed));
+    cases.push_back(moe_experts_fp8_case(3, 256, 96, 8, 8, 128, 48, ++seed));
+    cases.push_back(moe_experts_fp8_case(20, 256, 96, 8, 8, 128, 48, ++seed));
     return cases;
 }
 
@@ -948,6 +1017,14 @@ std::vector<OpCase> perf_cases() {
                .dv = 128});
     for (int T : {1, 4, 8}) cases.push_back(moe_experts_case(T, hidden, 2048, 8, 8, bf16, ++seed));
     for (int T : {8, 16, 64}) cases.push_back(moe_experts_case(T, hidden, 2048, 32, 8, bf16, ++seed));
+    // Experts grouped by expert: the speculative verify of 2-8 tokens at batch 1 (8 experts,
+    // top-8), serving concurrency 8-64 (32 experts), bf16 and the checkpoint's FP8 128x128-block
+    // experts (1 byte per weight read), and a 256-expert FP8 decode step.
+    cases.push_back(moe_experts_case(2, hidden, 2048, 8, 8, bf16, ++seed));
+    cases.push_back(moe_experts_case(32, hidden, 2048, 32, 8, bf16, ++seed));
+    for (int T : {1, 2, 4, 8}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 8, 8, 128, 128, ++seed));
+    for (int T : {8, 16, 32, 64}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 32, 8, 128, 128, ++seed));
+    cases.push_back(moe_experts_fp8_case(1, hidden, 2048, 256, 8, 128, 128, ++seed));
     return cases;
 }
 
@@ -1032,6 +1109,8 @@ void PreparedCase::reset() {
             staging.emplace_back(size_t(chunk) * dtype_size(dtype));
             if (dtype == DType::i32) {
                 std::fill(staging.back().begin(), staging.back().end(), 0);
+            } else if (dtype == DType::f8_e4m3) {  // every finite e4m3 code, equally likely
+                for (int64_t k = 0; k < chunk; ++k) staging.back()[size_t(k)] = char(random_e4m3(rng));
             } else {
                 convert_from_f32(values.data(), dtype, staging.back().data(), chunk);
             }
@@ -1238,7 +1317,8 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
                     if (e >= 0 && e < gate_up.shape[0]) touched[size_t(e)] = 1;
             const double experts = double(std::count(touched.begin(), touched.end(), 1));
             cost.bytes = bytes(x) + bytes(ids) + bytes(op.src[2]) + bytes(op.dst[0]) +
-                         experts * (bytes(gate_up) + bytes(down)) / double(gate_up.shape[0]);
+                         experts * (bytes(gate_up) + bytes(down) + bytes(op.src[5]) + bytes(op.src[6])) /
+                             double(gate_up.shape[0]);  // fp8: with the touched experts' block scales
             const double H = double(x.shape[1]), I = double(gate_up.shape[1]) / 2;
             cost.flops = 2.0 * double(ids.shape[0] * ids.shape[1]) * (2 * I * H + H * I);
             break;

@@ -85,8 +85,9 @@ void dispatch(const xinfer_op& op) {
             return attention(src(0), src(1), src(2), src(3), attention_batch(op), attention_params(op), dst(0));
         case XINFER_OP_MOE_ROUTE: return moe_route(src(0), src(1), router_params(op), dst(0), dst(1));
         case XINFER_OP_MOE_EXPERTS:
-            if (op.src[5].data || op.src[6].data) fail("cpu: moe_experts with block-scaled fp8 experts is not supported");
-            return moe_experts(src(0), src(1), src(2), src(3), src(4), dst(0));
+            return moe_experts(src(0), src(1), src(2), src(3), src(4), dst(0), src(5), src(6),
+                               op.params.matmul.block_rows > 0 ? op.params.matmul.block_rows : 128,
+                               op.params.matmul.block_cols > 0 ? op.params.matmul.block_cols : 128);
         case XINFER_OP_ARGMAX: return argmax(src(0), dst(0));
         case XINFER_OP_SAMPLE: return sample(src(0), src(1), src(2), src(3), src(4), dst(0));
         default: fail("cpu: unknown op type {}", op.type);

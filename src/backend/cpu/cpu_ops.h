@@ -29,8 +29,11 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
                const AttentionBatch& batch, const AttentionParams& params, const Tensor& out);
 void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& params, const Tensor& expert_ids,
                const Tensor& expert_weights);
+// gate_up / down may be f8_e4m3 with f32 block scales [E, ceil(rows / block_rows), ceil(cols / block_cols)]
+// (contiguous grid, partial edge blocks): W[r, c] = fp8(W8[r, c]) · scale[r / block_rows][c / block_cols] in f32.
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights, const Tensor& gate_up,
-                 const Tensor& down, const Tensor& out);
+                 const Tensor& down, const Tensor& out, const Tensor& gate_up_scale = {}, const Tensor& down_scale = {},
+                 int64_t block_rows = 128, int64_t block_cols = 128);
 
 // y = x · wᵀ on raw row-major memory, for callers that slice weights themselves (moe_experts).
 // Parallel over all OpenMP threads; must not be called from inside a parallel region.

@@ -113,15 +113,46 @@ void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& par
     }
 }
 
+namespace {
+
+// One expert's f8 weight [rows, cols] times its block scales, in f32 (the oracle's definition of
+// block-scaled fp8: W = fp8 · scale[r / block_rows][c / block_cols]).
+void dequantize_expert(const uint8_t* w, const float* scale, int64_t rows, int64_t cols, int64_t block_rows,
+                       int64_t block_cols, float* dst) {
+    const int64_t scale_cols = (cols + block_cols - 1) / block_cols;
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* s = scale + (r / block_rows) * scale_cols;
+        for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = f8_e4m3_to_f32(w[r * cols + c]) * s[c / block_cols];
+    }
+}
+
+void check_expert_scale(const char* op, const char* name, const Tensor& w, const Tensor& scale, int64_t block_rows,
+                        int64_t block_cols) {
+    const bool has_scale = scale.data != nullptr && scale.rank > 0;
+    if (w.dtype != DType::f8_e4m3) {
+        if (has_scale) fail("{}: {} is {}: block scales are only for f8_e4m3 weights", op, name, dtype_name(w.dtype));
+        return;
+    }
+    if (!has_scale) fail("{}: f8_e4m3 {} needs its block scales", op, name);
+    if (block_rows < 1 || block_cols < 1) fail("{}: scale blocks {}x{} must be positive", op, block_rows, block_cols);
+    check_dtype(op, "scale", scale, {DType::f32});
+    check_shape(op, "scale", scale,
+                {w.dim(0), (w.dim(1) + block_rows - 1) / block_rows, (w.dim(2) + block_cols - 1) / block_cols});
+}
+
+}  // namespace
+
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights, const Tensor& gate_up,
-                 const Tensor& down, const Tensor& out) {
+                 const Tensor& down, const Tensor& out, const Tensor& gate_up_scale, const Tensor& down_scale,
+                 int64_t block_rows, int64_t block_cols) {
     const char* op = "moe_experts";
     check_dtype(op, "x", x, {DType::f32});
     check_dtype(op, "out", out, {DType::f32});
     check_dtype(op, "expert_ids", expert_ids, {DType::i32});
     check_dtype(op, "expert_weights", expert_weights, {DType::f32});
-    check_dtype(op, "gate_up", gate_up, {DType::f32, DType::bf16, DType::f16});
-    check_dtype(op, "down", down, {DType::f32, DType::bf16, DType::f16});
+    check_dtype(op, "gate_up", gate_up, {DType::f32, DType::bf16, DType::f16, DType::f8_e4m3});
+    check_dtype(op, "down", down, {DType::f32, DType::bf16, DType::f16, DType::f8_e4m3});
     check_rank(op, "x", x, 2);
     check_rank(op, "gate_up", gate_up, 3);
     const int64_t T = x.dim(0), H = x.dim(1), E = gate_up.dim(0), I = gate_up.dim(1) / 2;
@@ -132,6 +163,8 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert
     check_shape(op, "gate_up", gate_up, {E, 2 * I, H});
     check_shape(op, "down", down, {E, H, I});
     check_shape(op, "out", out, {T, H});
+    check_expert_scale(op, "gate_up", gate_up, gate_up_scale, block_rows, block_cols);
+    check_expert_scale(op, "down", down, down_scale, block_rows, block_cols);
 
     // Bucket the (token, slot) pairs by expert: offsets[e]..offsets[e+1] in `pairs`.
     const int32_t* ids = expert_ids.as<int32_t>();
@@ -155,6 +188,9 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert
     std::fill(out_data, out_data + T * H, 0.f);
     const size_t gate_up_bytes = dtype_row_bytes(gate_up.dtype, 2 * I * H);
     const size_t down_bytes = dtype_row_bytes(down.dtype, H * I);
+    // f8 experts: each touched expert's weights dequantized to f32 just before use.
+    const bool gate_up_f8 = gate_up.dtype == DType::f8_e4m3, down_f8 = down.dtype == DType::f8_e4m3;
+    std::vector<float> gate_up_f32(gate_up_f8 ? size_t(2 * I * H) : 0), down_f32(down_f8 ? size_t(H * I) : 0);
 
     for (int64_t e = 0; e < E; ++e) {
         const int64_t begin = offsets[size_t(e)], n = offsets[size_t(e + 1)] - begin;
@@ -163,8 +199,15 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert
             const int64_t t = pairs[size_t(begin + i)] / top_k;
             std::copy(x_data + t * H, x_data + (t + 1) * H, gathered.data() + i * H);
         }
-        matmul_raw(gathered.data(), n, H, static_cast<const char*>(gate_up.data) + size_t(e) * gate_up_bytes,
-                   gate_up.dtype, 2 * I, gate_up_out.data());
+        const void* gate_up_e = static_cast<const char*>(gate_up.data) + size_t(e) * gate_up_bytes;
+        if (gate_up_f8) {
+            const int64_t scale_size = gate_up_scale.dim(1) * gate_up_scale.dim(2);
+            dequantize_expert(static_cast<const uint8_t*>(gate_up_e), gate_up_scale.as<float>() + e * scale_size, 2 * I,
+                              H, block_rows, block_cols, gate_up_f32.data());
+            gate_up_e = gate_up_f32.data();
+        }
+        matmul_raw(gathered.data(), n, H, gate_up_e, gate_up_f8 ? DType::f32 : gate_up.dtype, 2 * I,
+                   gate_up_out.data());
         for (int64_t i = 0; i < n; ++i) {
             const float* gate = gate_up_out.data() + i * 2 * I;
             const float* up = gate + I;
@@ -172,8 +215,14 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert
 #pragma omp simd
             for (int64_t j = 0; j < I; ++j) h[j] = gate[j] / (1.f + std::exp(-gate[j])) * up[j];
         }
-        matmul_raw(hidden.data(), n, I, static_cast<const char*>(down.data) + size_t(e) * down_bytes, down.dtype, H,
-                   expert_out.data());
+        const void* down_e = static_cast<const char*>(down.data) + size_t(e) * down_bytes;
+        if (down_f8) {
+            const int64_t scale_size = down_scale.dim(1) * down_scale.dim(2);
+            dequantize_expert(static_cast<const uint8_t*>(down_e), down_scale.as<float>() + e * scale_size, H, I,
+                              block_rows, block_cols, down_f32.data());
+            down_e = down_f32.data();
+        }
+        matmul_raw(hidden.data(), n, I, down_e, down_f8 ? DType::f32 : down.dtype, H, expert_out.data());
         // Serial scatter: a token may (in principle) list the same expert twice, and this is
         // O(H) per pair against O(H·I) for the matmuls.
         for (int64_t i = 0; i < n; ++i) {
