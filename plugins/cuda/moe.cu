@@ -31,9 +31,10 @@
 namespace xcuda {
 namespace {
 
-// Up to this many (token, slot) pairs the GEMV path runs (decode of up to 8 tokens with top-8
-// routing). Measured on H200, MiMo shapes, fp8: T=1 0.26 ms GEMV vs 0.33 ms tiled; T=32
-// (P=256) 7.0 ms GEMV vs 5.7 ms tiled, since each pair re-streams its expert's rows.
+// Up to this many (token, slot) pairs the per-pair paths run when the grouped path does not
+// (XINFER_CUDA_MOE_GROUPED=0, or shapes it refuses). Measured on H200, MiMo shapes, fp8: T=1
+// 0.26 ms GEMV vs 0.33 ms tiled; T=32 (P=256) 7.0 ms GEMV vs 5.7 ms tiled, since each pair
+// re-streams its expert's rows.
 constexpr int64_t kGemvMaxPairs = 64;
 
 // ---- router --------------------------------------------------------------------------------------
@@ -475,13 +476,21 @@ struct AFrag {
 };
 
 // The lane's activation fragment of one chunk: columns [col, col + 8·(1 + kFp8)), zero past the end.
-template <bool kFp8>
+// kL2: through L2 only (`h`, which the gate_up grid writes while a PDL-launched down grid already
+// runs, so it is not read-only for the reader's lifetime); else the read-only path (x, reused from
+// L1 by the block's other row tiles).
+template <bool kFp8, bool kL2>
+__device__ __forceinline__ uint4 load_act16(const __nv_bfloat16* p) {
+    if constexpr (kL2) return __ldcg(reinterpret_cast<const uint4*>(p));
+    else return __ldg(reinterpret_cast<const uint4*>(p));
+}
+template <bool kFp8, bool kL2 = false>
 __device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat16* row, int64_t col, bool ok) {
     const uint4 z = make_uint4(0, 0, 0, 0);
-    const uint4 v0 = ok ? __ldg(reinterpret_cast<const uint4*>(row + col)) : z;
+    const uint4 v0 = ok ? load_act16<kFp8, kL2>(row + col) : z;
     xw[0] = v0.x, xw[1] = v0.y, xw[2] = v0.z, xw[3] = v0.w;
     if constexpr (kFp8) {
-        const uint4 v1 = ok ? __ldg(reinterpret_cast<const uint4*>(row + col + 8)) : z;
+        const uint4 v1 = ok ? load_act16<kFp8, kL2>(row + col + 8) : z;
         xw[4] = v1.x, xw[5] = v1.y, xw[6] = v1.z, xw[7] = v1.w;
     }
 }
@@ -676,7 +685,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                     for (int nt = 0; nt < kNT; ++nt) {
                         if (pb + nt * 8 >= n_e) break;  // warp-uniform
                         uint32_t xw[8];
-                        load_x_frag<kFp8>(xw, hr[nt], col, col < I);
+                        load_x_frag<kFp8, true>(xw, hr[nt], col, col < I);
                         if constexpr (kFp8) {
                             float t[4] = {0.f, 0.f, 0.f, 0.f};
                             f.mma(t, xw);
@@ -734,6 +743,8 @@ bool moe_pdl_enabled() {
 // The grouped path runs while pairs per touched expert (P / min(E, P), the FLOPs per weight byte
 // of the step up to the dtype's size) stay at or below this; more go to the tiled GEMM.
 // XINFER_CUDA_MOE_GROUPED_PAIRS_PER_EXPERT overrides it (0: grouped only for P ≤ 64).
+// Measured on H200, MiMo shapes, bf16 (docs/perf/2026-11-30-h200-moe.md): 32 experts, 16 tokens
+// 434 µs grouped vs 878 µs tiled, 64 tokens (16 pairs per expert) 609 µs vs 907 µs.
 int64_t moe_grouped_pairs_per_expert() {
     static const int64_t value = [] {
         const char* v = std::getenv("XINFER_CUDA_MOE_GROUPED_PAIRS_PER_EXPERT");
