@@ -231,6 +231,13 @@ void Backend::moe_experts(const Tensor& x, const Tensor& expert_ids, const Tenso
     run(op);
 }
 
+void Backend::argmax(const Tensor& logits, const Tensor& ids) {
+    xinfer_op op = make_op(XINFER_OP_ARGMAX, layer_);
+    op.src[0] = to_abi(logits);
+    op.dst[0] = to_abi(ids);
+    run(op);
+}
+
 void Backend::graph_begin() {
     XINFER_CHECK(has_graphs(), "backend {} has no graph capture", label_);
     check(api_->graph_begin(ctx_), "graph_begin");

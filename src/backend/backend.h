@@ -142,6 +142,9 @@ public:
                      const Tensor& down /*[E, H, I]*/, const Tensor& out /*[T, H]*/,
                      const BlockScales& gate_up_scale = {} /*[E, ceil(2I/br), ceil(H/bc)]*/,
                      const BlockScales& down_scale = {} /*[E, ceil(H/br), ceil(I/bc)]; same blocks as gate_up's*/);
+    // ids[r] = argmax of logits row r (lowest index on ties): drafters propose on the device and
+    // download ids instead of [rows, vocab] logits.
+    void argmax(const Tensor& logits /*[R, V] f32*/, const Tensor& ids /*[R] i32*/);
 
     // ---- generic entry points (ops-test, tools) ---------------------------------------------
     bool supports(const xinfer_op& op);

@@ -457,18 +457,26 @@ std::vector<std::vector<int32_t>> DFlashDrafter::propose(std::span<const DraftRe
     backend_.embedding(normed, out_ids, selected);                 // row gather
     Tensor logits = workspace_.make(DType::f32, {n_out, vocab});   // [n_out, vocab]
     backend_.matmul(selected, lm_head_, logits);
-    last_logits_.resize(size_t(n_out * vocab));
-    backend_.download(logits, last_logits_.data());
-    backend_.synchronize();
-
-    // Greedy proposals: the first maximum, as torch.argmax.
+    // Greedy proposals: the first maximum of each drafted slot, as torch.argmax.
+    std::vector<int32_t> ids(static_cast<size_t>(n_out));
+    if (keep_logits_) {
+        last_logits_.resize(size_t(n_out * vocab));
+        backend_.download(logits, last_logits_.data());
+        backend_.synchronize();
+        for (int64_t r = 0; r < n_out; ++r) {
+            const float* l = last_logits_.data() + r * vocab;
+            ids[size_t(r)] = int32_t(std::max_element(l, l + vocab) - l);
+        }
+    } else {
+        Tensor device_ids = workspace_.make(DType::i32, {n_out});  // [n_out]
+        backend_.argmax(logits, device_ids);
+        backend_.download(device_ids, ids.data());
+        backend_.synchronize();
+    }
     int64_t row = 0;
     for (const Active& x : active) {
         std::vector<int32_t>& out = drafts[x.request];
-        for (int i = 0; i < x.n_drafts; ++i, ++row) {
-            const float* l = last_logits_.data() + row * vocab;
-            out.push_back(int32_t(std::max_element(l, l + vocab) - l));
-        }
+        for (int i = 0; i < x.n_drafts; ++i, ++row) out.push_back(ids[size_t(row)]);
     }
     return drafts;
 }

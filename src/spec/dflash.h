@@ -115,8 +115,11 @@ public:
     size_t pool_bytes() const { return pool_.bytes(); }
     // Context tokens injected for `seq` (-1: unknown; -2: lost, i.e. it gets no drafts).
     int64_t context_length(int seq) const;
-    // Logits [rows, vocab] of the last propose(), rows = the drafted slots of every request in
-    // order (debugging and numerics tests).
+    // Keep the logits of every propose() on the host (numerics tests): proposals then come from a
+    // host argmax over [rows, vocab] instead of the device argmax that downloads only the ids.
+    void keep_logits(bool keep) { keep_logits_ = keep; }
+    // Logits [rows, vocab] of the last propose() with keep_logits, rows = the drafted slots of
+    // every request in order.
     const std::vector<float>& last_logits() const { return last_logits_; }
 
 private:
@@ -176,6 +179,7 @@ private:
     Workspace workspace_;
     std::vector<std::vector<int32_t>> host_metadata_;  // kept until the step's synchronize
     std::vector<float> last_logits_;
+    bool keep_logits_ = false;
 };
 
 }  // namespace xinfer

@@ -22,11 +22,6 @@ LayerSpec sliding_spec(const ModelConfig& config, const std::string& dir) {
          config.architecture);
 }
 
-// Index of the largest value; the first one on ties (same rule as greedy sampling).
-int32_t argmax(const float* row, int64_t n) {
-    return int32_t(std::max_element(row, row + n) - row);
-}
-
 }  // namespace
 
 int count_mtp_heads(const Checkpoint& checkpoint) {
@@ -239,7 +234,7 @@ void MtpDrafter::release(int seq) {
     states_.erase(it);
 }
 
-std::vector<float> MtpDrafter::run_head(int head, const HeadBatch& batch, const Tensor& source, const Tensor& out,
+std::vector<int32_t> MtpDrafter::run_head(int head, const HeadBatch& batch, const Tensor& source, const Tensor& out,
                                         const char* tap_name) {
     const MtpHeadWeights& w = heads_[size_t(head)];
     HeadCache& hc = caches_[size_t(head)];
@@ -337,17 +332,19 @@ std::vector<float> MtpDrafter::run_head(int head, const HeadBatch& batch, const 
 
     // out = the head's output hidden (chained on), normed = final_layernorm(out) → lm_head.
     backend_.add_rmsnorm(out, partial, w.final_norm, eps_, normed);
-    std::vector<float> host;
+    std::vector<int32_t> ids(static_cast<size_t>(n_out));
     if (n_out > 0) {
         Tensor selected = ws.make(act_, {n_out, H});
         Tensor logits = ws.make(DType::f32, {n_out, vocab_});
         backend_.embedding(normed, out_rows, selected);
         backend_.matmul(selected, target_.lm_head(), logits);
         if (tap_) tap_(tap_name, head, logits);
-        host.resize(size_t(logits.numel()));
-        backend_.download(logits, host.data());
+        // Greedy proposals on the device: only the ids cross to the host.
+        Tensor device_ids = ws.make(DType::i32, {n_out});
+        backend_.argmax(logits, device_ids);
+        backend_.download(device_ids, ids.data());
     }
-    return host;
+    return ids;
 }
 
 void MtpDrafter::observe(const TargetHidden& hidden) {
@@ -466,7 +463,7 @@ void MtpDrafter::observe_pass(const TargetHidden& hidden, const std::vector<size
         apply_pending();
         const int64_t n_rows = int64_t(batch.tokens.size());
         Tensor out = workspace_.make(act_, {n_rows, H});
-        const std::vector<float> logits = run_head(k, batch, source, out, "mtp_logits");
+        const std::vector<int32_t> argmax_ids = run_head(k, batch, source, out, "mtp_logits");
 
         // Bookkeeping: commit the slots, remember each sequence's last output, head 0's draft.
         int64_t out_row = 0;
@@ -479,7 +476,7 @@ void MtpDrafter::observe_pass(const TargetHidden& hidden, const std::vector<size
             pending.push_back({k, state.slot, out.slice(last_row, 1)});
             if (k == 0) {
                 const int64_t logit_row = batch.all_logits ? last_row : int64_t(m);
-                state.next_draft = argmax(logits.data() + size_t(logit_row * vocab_), vocab_);
+                state.next_draft = argmax_ids[size_t(logit_row)];
             }
             out_row += batch.n_rows[m];
         }
@@ -556,11 +553,11 @@ std::vector<std::vector<int32_t>> MtpDrafter::propose(std::span<const DraftReque
         if (prev_rows > 0) backend_.copy(source.slice(0, prev_rows), prev_out);
         backend_.copy(source.slice(prev_rows, max_seqs_), last_hidden_[size_t(k - 1)]);
         Tensor out = workspace_.make(act_, {int64_t(batch.tokens.size()), H});
-        const std::vector<float> logits = run_head(k, batch, source, out, "mtp_draft_logits");
+        const std::vector<int32_t> argmax_ids = run_head(k, batch, source, out, "mtp_draft_logits");
         for (size_t m = 0; m < members.size(); ++m) {
             const size_t r = members[m];
             const int64_t logit_row = batch.all_logits ? first_row_of[r] + batch.n_rows[m] - 1 : int64_t(m);
-            drafts[r].push_back(argmax(logits.data() + size_t(logit_row * vocab_), vocab_));
+            drafts[r].push_back(argmax_ids[size_t(logit_row)]);
             // Roll the draft rows back: only committed positions stay in the cache.
             hc.kv->truncate(requests[r].seq, hc.kv->committed_tokens(requests[r].seq));
         }

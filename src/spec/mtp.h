@@ -111,9 +111,9 @@ private:
         bool all_logits = false;               // logits for every row, else the last of each sequence
     };
     // Runs head `head` on `batch`; input hiddens are rows `batch.source_rows` of `source`
-    // ([*, hidden]). Writes the output hiddens into `out` ([rows, hidden]) and returns the host
-    // logits [n_out, vocab] of the requested rows.
-    std::vector<float> run_head(int head, const HeadBatch& batch, const Tensor& source, const Tensor& out,
+    // ([*, hidden]). Writes the output hiddens into `out` ([rows, hidden]) and returns the argmax
+    // token of each requested row ([n_out], computed on the device).
+    std::vector<int32_t> run_head(int head, const HeadBatch& batch, const Tensor& source, const Tensor& out,
                                 const char* tap_name);
     void observe_pass(const TargetHidden& hidden, const std::vector<size_t>& entries, const std::vector<int64_t>& ends);
     void load_heads(const DrafterContext& context, int n_heads_in_checkpoint);

@@ -59,7 +59,9 @@ inline std::unique_ptr<DFlashDrafter> make_dflash(TargetModel& t, const std::fil
     spec.method = "dflash";
     spec.model = dir.string();
     spec.num_speculative_tokens = k;
-    return std::make_unique<DFlashDrafter>(spec, DrafterContext{*t.model, *t.backend, "", dummy, max_seqs, max_len});
+    auto drafter = std::make_unique<DFlashDrafter>(spec, DrafterContext{*t.model, *t.backend, "", dummy, max_seqs, max_len});
+    drafter->keep_logits(true);  // the tests compare logits; the engine path (device argmax) is tested through make_drafter
+    return drafter;
 }
 
 // A safetensors file's tensors as f32 host vectors (with shapes), to rewrite modified copies.
