@@ -146,7 +146,8 @@ void DecoderModel::load_experts(Checkpoint& checkpoint, const std::string& prefi
     const std::vector<Fp8ScaleGrid> gate_up_grids = fp8_grids(checkpoint, gate_up_names, gate_up_parts);
     const std::vector<Fp8ScaleGrid> down_grids = fp8_grids(checkpoint, down_names, down_parts);
     if (!gate_up_grids.empty() && !down_grids.empty()) {
-        const int64_t block_rows = std::gcd(block_rows_of(gate_up_grids, stacked ? 1 : 2), block_rows_of(down_grids, 1));
+        const int64_t block_rows =
+            std::gcd(block_rows_of(gate_up_grids, stacked ? 1 : 2), block_rows_of(down_grids, 1));
         if (supports_fp8_moe(backend_, act_dtype_, n_experts, hidden, inter, config_.router.top_k, block_rows,
                              config_.fp8.block_cols)) {
             w.experts_gate_up = load_fp8(checkpoint, gate_up_names, gate_up_parts, gate_up_shape, gate_up_grids,
@@ -209,15 +210,17 @@ Tensor DecoderModel::load_fp8(Checkpoint& checkpoint, const std::vector<std::str
     Tensor w = shaped(DType::f8_e4m3, shape);
     buffers_.push_back(backend_.alloc(w.nbytes()));
     w.data = buffers_.back().data();
-    const std::vector<int64_t> scale_shape = rank == 3 ? std::vector<int64_t>{matrices, ceil_div(rows, block_rows), scale_cols}
-                                                       : std::vector<int64_t>{ceil_div(rows, block_rows), scale_cols};
+    const int64_t scale_rows = ceil_div(rows, block_rows);
+    const std::vector<int64_t> scale_shape = rank == 3 ? std::vector<int64_t>{matrices, scale_rows, scale_cols}
+                                                       : std::vector<int64_t>{scale_rows, scale_cols};
     scale.scale = shaped(DType::f32, scale_shape);
     buffers_.push_back(backend_.alloc(scale.scale.nbytes()));
     scale.scale.data = buffers_.back().data();
     scale.block_rows = int(block_rows);
     scale.block_cols = int(config_.fp8.block_cols);
     if (options_.dummy) {
-        const uint64_t stream = options_.dummy_seed * 0x9e3779b97f4a7c15ull + (++dummy_counter_) * 0xbf58476d1ce4e5b9ull;
+        const uint64_t stream =
+            options_.dummy_seed * 0x9e3779b97f4a7c15ull + (++dummy_counter_) * 0xbf58476d1ce4e5b9ull;
         fill_dummy_fp8_weights(backend_, w, scale.scale, stream);
         return w;
     }
@@ -293,10 +296,14 @@ void DecoderModel::load_weights(Checkpoint& checkpoint) {
         w.post_attn_norm = load(checkpoint, p + "post_attention_layernorm.weight", {hidden}, true);
         const int64_t q_rows = spec.n_q_heads * spec.head_dim_k, k_rows = spec.n_kv_heads * spec.head_dim_k,
                       v_rows = spec.n_kv_heads * spec.head_dim_v, o_cols = spec.n_q_heads * spec.head_dim_v;
-        w.q_proj = load_matrix(checkpoint, {p + "self_attn.q_proj.weight"}, {q_rows, hidden}, {q_rows, hidden}, w.q_proj_scale);
-        w.k_proj = load_matrix(checkpoint, {p + "self_attn.k_proj.weight"}, {k_rows, hidden}, {k_rows, hidden}, w.k_proj_scale);
-        w.v_proj = load_matrix(checkpoint, {p + "self_attn.v_proj.weight"}, {v_rows, hidden}, {v_rows, hidden}, w.v_proj_scale);
-        w.o_proj = load_matrix(checkpoint, {p + "self_attn.o_proj.weight"}, {hidden, o_cols}, {hidden, o_cols}, w.o_proj_scale);
+        w.q_proj = load_matrix(checkpoint, {p + "self_attn.q_proj.weight"}, {q_rows, hidden}, {q_rows, hidden},
+                               w.q_proj_scale);
+        w.k_proj = load_matrix(checkpoint, {p + "self_attn.k_proj.weight"}, {k_rows, hidden}, {k_rows, hidden},
+                               w.k_proj_scale);
+        w.v_proj = load_matrix(checkpoint, {p + "self_attn.v_proj.weight"}, {v_rows, hidden}, {v_rows, hidden},
+                               w.v_proj_scale);
+        w.o_proj = load_matrix(checkpoint, {p + "self_attn.o_proj.weight"}, {hidden, o_cols}, {hidden, o_cols},
+                               w.o_proj_scale);
         if (config_.qk_norm) {
             w.q_norm = load(checkpoint, p + "self_attn.q_norm.weight", {spec.head_dim_k}, true);
             w.k_norm = load(checkpoint, p + "self_attn.k_norm.weight", {spec.head_dim_k}, true);
@@ -311,7 +318,8 @@ void DecoderModel::load_weights(Checkpoint& checkpoint) {
             const int64_t inter = config_.intermediate_size;
             w.gate_up = load_matrix(checkpoint, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {inter, hidden},
                                     {2 * inter, hidden}, w.gate_up_scale);
-            w.down = load_matrix(checkpoint, {p + "mlp.down_proj.weight"}, {hidden, inter}, {hidden, inter}, w.down_scale);
+            w.down = load_matrix(checkpoint, {p + "mlp.down_proj.weight"}, {hidden, inter}, {hidden, inter},
+                                 w.down_scale);
         } else {
             w.router = load(checkpoint, p + "mlp.gate.weight", {config_.n_experts, hidden}, true);
             if (config_.router_bias)

@@ -61,7 +61,8 @@ int64_t op_block_rows(std::span<const Fp8ScaleGrid> parts) {
 }
 
 void append_op_scales(std::span<const Fp8Part> parts, int64_t block_rows, std::vector<float>& out) {
-    XINFER_CHECK(!parts.empty() && block_rows > 0, "append_op_scales: {} parts, block_rows {}", parts.size(), block_rows);
+    XINFER_CHECK(!parts.empty() && block_rows > 0, "append_op_scales: {} parts, block_rows {}", parts.size(),
+                 block_rows);
     std::vector<Fp8ScaleGrid> grids;
     int64_t total_rows = 0;
     const int64_t scale_cols = parts.front().grid.scale_cols;
@@ -128,8 +129,9 @@ bool keep_fp8_weights(const ModelConfig& config, const LoadOptions& options, Bac
         return false;
     if (moe) {
         // The op grid the loader builds for stacked gate/up parts of moe_intermediate rows.
-        const Fp8ScaleGrid part{config.moe_intermediate_size, hidden, fp8.block_rows, fp8.block_cols,
-                                ceil_div(config.moe_intermediate_size, fp8.block_rows), ceil_div(hidden, fp8.block_cols), 1};
+        const int64_t inter = config.moe_intermediate_size;
+        const Fp8ScaleGrid part{inter, hidden, fp8.block_rows, fp8.block_cols, ceil_div(inter, fp8.block_rows),
+                                ceil_div(hidden, fp8.block_cols), 1};
         const Fp8ScaleGrid parts[] = {part, part};
         if (!supports_fp8_moe(backend, act, config.n_experts, hidden, config.moe_intermediate_size, config.router.top_k,
                               op_block_rows(parts), fp8.block_cols))

@@ -263,7 +263,8 @@ TEST(Fp8Weights, ResidentFp8ModelMatchesTheDequantizingOracle) {
     const ModelConfig& c = resident.model->config();
     uint64_t fp8_elements = 0;
     for (const LayerSpec& l : c.layers) {
-        fp8_elements += uint64_t(c.hidden_size) * uint64_t(l.n_q_heads * l.head_dim_k + l.n_kv_heads * (l.head_dim_k + l.head_dim_v));
+        const int64_t qkv_rows = l.n_q_heads * l.head_dim_k + l.n_kv_heads * (l.head_dim_k + l.head_dim_v);
+        fp8_elements += uint64_t(c.hidden_size) * uint64_t(qkv_rows);
         fp8_elements += uint64_t(c.hidden_size) * 3 *
                         uint64_t(l.ffn == FfnKind::dense ? c.intermediate_size : c.moe_intermediate_size * c.n_experts);
     }
@@ -287,8 +288,8 @@ TEST(Fp8Weights, ResidentFp8ModelMatchesTheDequantizingOracle) {
     EXPECT_LE(err, 1e-5);
     const double ref_err = relative_error(logits.data(), fixture.logits.data(), logits.size());
     EXPECT_LE(ref_err, 1e-4);
-    std::cout << fmt::format("[ fp8      ] resident e4m3 vs dequantizing oracle: {:.2e}; vs float64 reference: {:.2e}\n",
-                             err, ref_err);
+    std::cout << fmt::format(
+        "[ fp8      ] resident e4m3 vs dequantizing oracle: {:.2e}; vs float64 reference: {:.2e}\n", err, ref_err);
 }
 
 // On a real device (XINFER_TEST_DEVICE=cuda): resident FP8 against the dequantized mode and the
@@ -309,10 +310,11 @@ TEST(Fp8Weights, DeviceResidentVsDequantized) {
     LoadedModel dequantized = load_on(make_backend(test_device()), fixture.dir, options);
     const std::vector<float> dequantized_logits = logits_of(dequantized, fixture.prompt);
     const double resident_err = relative_error(resident_logits.data(), fixture.logits.data(), fixture.logits.size());
-    const double dequantized_err = relative_error(dequantized_logits.data(), fixture.logits.data(), fixture.logits.size());
+    const double dequantized_err =
+        relative_error(dequantized_logits.data(), fixture.logits.data(), fixture.logits.size());
     const double between = relative_error(resident_logits.data(), dequantized_logits.data(), fixture.logits.size());
-    std::cout << fmt::format("[ fp8      ] {}: resident vs reference {:.2e}, dequantized vs reference {:.2e}, resident vs "
-                             "dequantized {:.2e}\n",
+    std::cout << fmt::format("[ fp8      ] {}: resident vs reference {:.2e}, dequantized vs reference {:.2e}, "
+                             "resident vs dequantized {:.2e}\n",
                              test_device(), resident_err, dequantized_err, between);
     EXPECT_LE(resident_err, std::max(3e-2, 2 * dequantized_err));
 }
@@ -392,7 +394,7 @@ TEST(Fp8Weights, PlanCountsE4m3AndScalesForTheBenchModel) {
     const MemoryPlan bf16 = plan_memory(config, options);
     options.fp8_weights = true;
     const MemoryPlan fp8 = plan_memory(config, options);
-    std::cout << fmt::format("[ plan     ] decode weight bytes per token: fp8 {:.3f} GB, bf16 {:.3f} GB; held: {:.3f} / {:.3f} GB\n",
+    std::cout << fmt::format("[ plan     ] read per token: fp8 {:.3f} GB, bf16 {:.3f} GB, held {:.3f} / {:.3f} GB\n",
                              fp8.decode_weight_bytes / 1e9, bf16.decode_weight_bytes / 1e9, fp8.weight_bytes / 1e9,
                              bf16.weight_bytes / 1e9);
     EXPECT_NEAR(double(fp8.decode_weight_bytes) / 1e9, 17.0, 0.1);
