@@ -52,7 +52,6 @@ struct Context {
     int live_graphs = 0;
     bool capturing = false;
     std::map<GemmKey, cublasLtMatmulAlgo_t> algo_cache;
-    std::map<GemmKey, bool> gemv_preferred;  // few-token bf16 matmuls: streaming GEMV beat cuBLASLt (gemm.cu)
     std::string error;
 };
 

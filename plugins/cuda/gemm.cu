@@ -16,9 +16,6 @@
 #include <mma.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
-#include <string>
 
 namespace xcuda {
 namespace {
@@ -403,15 +400,6 @@ int launch_grouped_gemm(Context* c, const GroupedGemm& g, int64_t max_tiles) {
     return XINFER_OK;
 }
 
-// XINFER_CUDA_GEMV_TUNE=0: few-token bf16 matmuls always take cuBLASLt (the earlier behaviour).
-bool gemv_disabled_by_env() {
-    static const bool disabled = [] {
-        const char* v = std::getenv("XINFER_CUDA_GEMV_TUNE");
-        return v && (std::string(v) == "0" || std::string(v) == "off");
-    }();
-    return disabled;
-}
-
 bool gemv_fits(const Gemv& g) {
     const GroupedGemm& p = g.w;
     const int64_t chunk = p.b_dtype == XINFER_DTYPE_F8_E4M3 ? 16 : 8;
@@ -433,47 +421,6 @@ int launch_gemv(Context* c, const Gemv& g) {
     if (p.w.blocks_per_shard <= 0) p.w.blocks_per_shard = ceil_div(p.w.shard_rows, p.w.block_rows);
     gemv_kernel<<<dim3(unsigned(col_blocks), unsigned(row_groups)), kGemvWarps * 32, 0, c->stream>>>(p);
     XCUDA_CHECK_LAUNCH(c, "gemv_kernel");
-    return XINFER_OK;
-}
-
-// Few-token bf16 matmuls: cuBLASLt's heuristic algorithm streams some decode shapes well (q_proj
-// 12288×4096 at T=1: 82% of copy bandwidth) and others badly (o_proj 4096×8192: 32%), so the
-// first call of a shape outside graph capture times cuBLASLt against the streaming GEMV and the
-// faster is kept for that shape. During capture an untimed shape takes cuBLASLt (no events may
-// be recorded there); graph runners run every shape eagerly before capturing it anyway.
-template <typename RunLt, typename RunGemv>
-int prefer_gemv(Context* c, const GemmKey& key, RunLt&& run_lt, RunGemv&& run_gemv, bool* use_gemv) {
-    if (auto it = c->gemv_preferred.find(key); it != c->gemv_preferred.end()) {
-        *use_gemv = it->second;
-        return XINFER_OK;
-    }
-    *use_gemv = false;
-    if (stream_capturing(c)) return XINFER_OK;
-    cudaEvent_t start = nullptr, stop = nullptr;
-    XCUDA_TRY(c, cudaEventCreate(&start));
-    XCUDA_TRY(c, cudaEventCreate(&stop));
-    auto best_ms = [&](auto&& launch, float* best) {
-        *best = INFINITY;
-        for (int rep = 0; rep < 3; ++rep) {
-            XCUDA_TRY(c, cudaEventRecord(start, c->stream));
-            if (int rc = launch()) return rc;
-            XCUDA_TRY(c, cudaEventRecord(stop, c->stream));
-            XCUDA_TRY(c, cudaEventSynchronize(stop));
-            float ms = 0.f;
-            XCUDA_TRY(c, cudaEventElapsedTime(&ms, start, stop));
-            *best = std::min(*best, ms);
-        }
-        return int(XINFER_OK);
-    };
-    float lt_ms = INFINITY, gemv_ms = INFINITY;
-    int rc = best_ms(run_lt, &lt_ms);
-    if (rc == XINFER_UNSUPPORTED) lt_ms = INFINITY, rc = XINFER_OK;
-    if (rc == XINFER_OK) rc = best_ms(run_gemv, &gemv_ms);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    if (rc != XINFER_OK) return rc;
-    *use_gemv = gemv_ms < lt_ms;
-    c->gemv_preferred[key] = *use_gemv;
     return XINFER_OK;
 }
 
@@ -535,6 +482,13 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
         XCUDA_TRY(c, cudaMemsetAsync(y.data, 0, size_t(T * N) * dtype_size(y.dtype), c->stream));
         return XINFER_OK;
     }
+    if (!fp8) {
+        const int rc = lt_matmul(c, xa, w.data, y.data, T, N, K, compute_dtype, y.dtype);
+        if (rc != XINFER_UNSUPPORTED) return rc;
+        if (w.dtype != XINFER_DTYPE_BF16)
+            return unsupported(c, op, "%s: cuBLASLt has no algorithm for this shape/alignment", shapes().c_str());
+        // bf16 shapes cuBLASLt rejects (odd K, unaligned views) take the custom kernel.
+    }
     GroupedGemm g;
     g.a = static_cast<const __nv_bfloat16*>(xa);
     g.lda = K;
@@ -557,28 +511,13 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
     // Decode batches stream the weights: the GEMV path reads each weight row once, where 64-row
     // tiles leave most SMs idle (measured on H200, 12288x4096: T=1 0.060 ms GEMV vs 0.146 ms tiled;
     // at T=32, four 8-row GEMV passes took 0.44 ms against 0.147 ms tiled).
-    Gemv v;
-    v.w = g;
-    v.rows = T;
-    v.rows_per_group = int(std::min<int64_t>(T, kGemvMaxRows));
-    const bool gemv_ok = T <= kGemvMaxRows && gemv_fits(v);
-    if (!fp8) {
-        const auto run_lt = [&] { return lt_matmul(c, xa, w.data, y.data, T, N, K, compute_dtype, y.dtype); };
-        bool use_gemv = false;
-        if (gemv_ok && w.dtype == XINFER_DTYPE_BF16 && !gemv_disabled_by_env()) {
-            const GemmKey key{N, T, K, w.dtype, x.dtype, y.dtype, 0, pointer_alignment(w.data),
-                              pointer_alignment(xa), pointer_alignment(y.data)};
-            if (int rc = prefer_gemv(c, key, run_lt, [&] { return launch_gemv(c, v); }, &use_gemv)) return rc;
-        }
-        if (!use_gemv) {
-            const int rc = run_lt();
-            if (rc != XINFER_UNSUPPORTED) return rc;
-            if (w.dtype != XINFER_DTYPE_BF16)
-                return unsupported(c, op, "%s: cuBLASLt has no algorithm for this shape/alignment", shapes().c_str());
-            // bf16 shapes cuBLASLt rejects (odd K, unaligned views) take the custom kernels.
-        }
+    if (T <= kGemvMaxRows) {
+        Gemv v;
+        v.w = g;
+        v.rows = T;
+        v.rows_per_group = int(std::min<int64_t>(T, kGemvMaxRows));
+        if (gemv_fits(v)) return launch_gemv(c, v);
     }
-    if (gemv_ok) return launch_gemv(c, v);
     return launch_grouped_gemm(c, g, 0);
 }
 
