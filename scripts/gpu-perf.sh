@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU machine's performance record (issues 4, 5, 6): MiMo-V2-Flash shapes with dummy weights,
 # every figure next to the limit measured in the same run (xinfer bench prints both).
-#   1. batch-1 decode + 4K prefill, 8 experts top-8 (reads what the 256-expert model reads);
+#   1. batch-1 decode + 4K prefill, 8 experts top-8 (reads what the 256-expert model reads), in
+#      bf16 and with FP8 block-scaled weights;
 #   2. speculative step costs at batch 1: verify of 8 tokens vs one decode step, DFlash drafter
 #      (5 layers, hidden 4096, block 8) and MTP heads, with the speedup model;
 #   3. serving at concurrency 1, 8, 32, 64 (512 in / 256 out), 32 experts top-8.
@@ -33,6 +34,8 @@ run() {  # name, then the xinfer arguments
 e8=bench/models/mimo_v2_flash_e8
 e32=bench/models/mimo_v2_flash_e32
 run decode-4k bench --model $e8 --load-format dummy --device cuda --prompt-len 4096 --gen-len $gen
+run decode-fp8-weights bench --model bench/models/mimo_v2_flash_e8_fp8 --load-format dummy --device cuda \
+    --prompt-len 4096 --gen-len $gen
 run decode-4k-profile bench --model $e8 --load-format dummy --device cuda --prompt-len 4096 --gen-len 4 \
     --profile "$OUT/decode-4k-profile.json"
 run spec-dflash bench --model $e8 --load-format dummy --device cuda --prompt-len 4096 \

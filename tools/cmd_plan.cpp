@@ -56,7 +56,7 @@ void add_plan_command(CLI::App& app) {
         ->default_val("auto");
     cmd->add_option("--fp8-weights", options->fp8_weights,
                     "FP8 checkpoints on accelerators: auto (e4m3 + block scales, as CUDA runs them) or dequantize")
-        ->check(CLI::IsMember({"auto", "dequantize"}))
+        ->check(CLI::IsMember({"auto", "keep", "dequantize"}))
         ->default_val("auto");
     cmd->add_option("--dtype", options->dtype, "Activations on accelerators: auto, float32, bfloat16")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))
@@ -83,7 +83,8 @@ void add_plan_command(CLI::App& app) {
                                                                     : DType::bf16;
         plan.weight_dtype = host ? config.dtype : plan.activation_dtype;
         // Without a device to ask (keep_fp8_weights), assume an accelerator runs fp8 matrices as CUDA does.
-        plan.fp8_weights = !host && options->fp8_weights == "auto" && config.fp8.enabled;
+        plan.fp8_weights = !host && options->fp8_weights != "dequantize" && config.fp8.enabled &&
+                           (options->fp8_weights == "keep" || plan.activation_dtype != DType::f32);
         plan.kv_dtype = resolve_kv_cache_dtype(options->kv_cache_dtype, plan.activation_dtype);
         plan.speculative_config = options->speculative_config;
         const MemoryPlan result = plan_memory(config, plan);

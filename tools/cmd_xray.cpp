@@ -69,7 +69,7 @@ void add_xray_command(CLI::App& app) {
         ->default_val("auto");
     cmd->add_option("--fp8-weights", options->model.fp8_weights,
                     "FP8 matrices of live accelerator sides: auto (keep e4m3 + scales where supported) or dequantize")
-        ->check(CLI::IsMember({"auto", "dequantize"}))
+        ->check(CLI::IsMember({"auto", "keep", "dequantize"}))
         ->default_val("auto");
     cmd->add_option("--prompt-ids", options->prompt_ids, "Prompt token ids, comma-separated (needed for live sides)");
     auto* a = cmd->add_option("--a", options->a.device, "Side a: device to run on (cpu, cuda, cuda:N, <plugin>)");

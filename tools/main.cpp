@@ -20,9 +20,9 @@ void ModelOptions::add_to(CLI::App& app) {
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))
         ->default_val("auto");
     app.add_option("--fp8-weights", fp8_weights,
-                   "Block-scaled FP8 matrices on accelerators: auto (keep e4m3 + scales where the backend runs them) "
-                   "or dequantize (expand to the activation dtype at load)")
-        ->check(CLI::IsMember({"auto", "dequantize"}))
+                   "Block-scaled FP8 matrices on accelerators: auto (keep e4m3 + scales where the backend runs them, "
+                   "with bf16 activations), keep (also with float32 activations) or dequantize (expand at load)")
+        ->check(CLI::IsMember({"auto", "keep", "dequantize"}))
         ->default_val("auto");
     app.add_flag("--enforce-eager", enforce_eager,
                  "Run decode steps eagerly instead of replaying captured graphs (also XINFER_CUDA_GRAPHS=0)");

@@ -25,7 +25,7 @@ struct EngineOptions {
     std::string device = "cpu";
     std::string load_format = "safetensors";  // or "dummy"
     std::string dtype = "auto";               // activations on accelerators: auto, float32, bfloat16
-    std::string fp8_weights = "auto";         // FP8 checkpoints: auto (keep e4m3 + scales where supported), dequantize
+    std::string fp8_weights = "auto";         // FP8 checkpoints: auto (keep e4m3 + scales where supported, bf16 activations), keep, dequantize
     int max_num_seqs = 64;
     int64_t max_num_batched_tokens = 2048;
     int64_t max_model_len = 0;  // 0: config's max_position_embeddings

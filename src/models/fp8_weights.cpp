@@ -116,9 +116,12 @@ bool supports_fp8_moe(Backend& backend, DType act, int64_t n_experts, int64_t hi
 }
 
 bool keep_fp8_weights(const ModelConfig& config, const LoadOptions& options, Backend& backend, DType act) {
-    if (options.fp8_weights != "auto" && options.fp8_weights != "dequantize")
-        fail("--fp8-weights \"{}\": expected auto or dequantize", options.fp8_weights);
+    if (options.fp8_weights != "auto" && options.fp8_weights != "keep" && options.fp8_weights != "dequantize")
+        fail("--fp8-weights \"{}\": expected auto, keep or dequantize", options.fp8_weights);
     if (options.fp8_weights == "dequantize" || !config.fp8.enabled || backend.props().host_memory) return false;
+    // FP8 kernels widen the weights into bf16 math; under "auto", f32 activations (--dtype
+    // float32, the exact mode the golden tests gate on) get exact f32 dequantized weights instead.
+    if (act == DType::f32 && options.fp8_weights == "auto") return false;
     const int64_t hidden = config.hidden_size;
     const Fp8WeightConfig& fp8 = config.fp8;
     bool moe = false;

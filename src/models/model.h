@@ -134,8 +134,9 @@ struct LoadOptions {
     DType dequant_dtype = DType::f32;
     // Block-scaled FP8 matrices on accelerators (`--fp8-weights`): "auto" keeps them e4m3 with
     // their f32 block scales wherever the backend's supports_op accepts f8 MATMUL / MOE_EXPERTS
-    // (host-memory backends, the oracle, always dequantize); "dequantize" expands them to the
-    // activation dtype at load. With --load-format dummy, a config with an fp8 quantization_config
+    // (host-memory backends, the oracle, always dequantize) and activations are bf16 (f32
+    // activations get exact dequantized weights; "keep" keeps e4m3 for them too); "dequantize"
+    // expands them to the activation dtype at load. With --load-format dummy, a config with an fp8 quantization_config
     // gets random e4m3 weights + scales the same way.
     std::string fp8_weights = "auto";
 };

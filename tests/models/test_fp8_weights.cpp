@@ -213,6 +213,10 @@ TEST(Fp8Weights, ResidencyFollowsTheBackendAndTheOption) {
     LoadOptions options;
     EXPECT_FALSE(keep_fp8_weights(fp8, options, *cpu, DType::f32)) << "the oracle dequantizes";
     EXPECT_TRUE(keep_fp8_weights(fp8, options, *device, DType::bf16));
+    EXPECT_FALSE(keep_fp8_weights(fp8, options, *device, DType::f32)) << "auto: exact weights for f32 activations";
+    options.fp8_weights = "keep";
+    EXPECT_TRUE(keep_fp8_weights(fp8, options, *device, DType::f32));
+    options.fp8_weights = "auto";
     EXPECT_FALSE(keep_fp8_weights(plain, options, *device, DType::bf16)) << "nothing to keep";
     options.fp8_weights = "dequantize";
     EXPECT_FALSE(keep_fp8_weights(fp8, options, *device, DType::bf16));
@@ -253,6 +257,7 @@ TEST(Fp8Weights, ResidentFp8ModelMatchesTheDequantizingOracle) {
     LoadOptions options;
     options.dtype = "float32";
     LoadedModel oracle = load_on(make_cpu_backend(), fixture.dir, options);
+    options.fp8_weights = "keep";  // "auto" dequantizes for f32 activations
     LoadedModel resident = load_on(make_fp8_backend(), fixture.dir, options);
 
     // What stays e4m3: q/k/v, the dense FFN and the experts; o_proj (modules_to_not_convert),
@@ -348,6 +353,7 @@ TEST(Fp8Weights, DummyFp8ModelOnAnAcceleratorIsE4m3) {
     LoadOptions options;
     options.dummy = true;
     options.dtype = "float32";
+    options.fp8_weights = "keep";  // the fake accelerator computes in f32, where "auto" dequantizes
     LoadedModel resident = load_on(make_fp8_backend(), fixture_dir("mimo_hub_fp8"), options);
     const std::map<DType, uint64_t> bytes = resident.model->weight_bytes();
     ASSERT_TRUE(bytes.contains(DType::f8_e4m3));

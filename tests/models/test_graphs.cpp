@@ -238,7 +238,9 @@ TEST_F(DeviceGraphs, DecodeMatchesEagerExecution) {
         const auto expected = decode_logits(eager, prompts, 8, vocab);
         for (bool at_startup : {false, true}) {
             Runner graphs(*loaded_->model, *loaded_->backend, runner_options(false));
-            if (at_startup) EXPECT_EQ(graphs.capture_graphs(), 3);  // buckets 1, 2, 4
+            if (at_startup) {  // buckets 1, 2, 4
+                EXPECT_EQ(graphs.capture_graphs(), 3);
+            }
             const auto actual = decode_logits(graphs, prompts, 8, vocab);
             const GraphStats stats = graphs.graph_stats();
             EXPECT_EQ(stats.replays, at_startup ? 8 : 7) << "batch " << n;
@@ -327,7 +329,9 @@ TEST(HostGraphs, EmulatedCaptureDecodesLikeEager) {
     for (bool at_startup : {false, true}) {
         Runner graphs(*model, backend, runner_options(false));
         ASSERT_TRUE(graphs.graphs_enabled());
-        if (at_startup) EXPECT_EQ(graphs.capture_graphs(), 3);
+        if (at_startup) {
+            EXPECT_EQ(graphs.capture_graphs(), 3);
+        }
         const auto actual = decode_logits(graphs, prompts, 6, f.vocab);
         EXPECT_EQ(graphs.graph_stats().replays, at_startup ? 6 : 5);
         EXPECT_EQ(graphs.graph_stats().failed_captures, 0);

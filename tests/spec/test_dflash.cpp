@@ -370,7 +370,9 @@ TEST(DFlashAttention, SymmetricPerQueryWindow) {
         const int64_t last_reached = layer0_last < 0 ? 0 : std::min<int64_t>(7, layer0_last + 3);
         for (int64_t slot = 1; slot <= 7; ++slot) {
             const double diff = max_abs_diff(logits.data() + (slot - 1) * vocab, base.data() + (slot - 1) * vocab, vocab);
-            if (slot <= last_reached) EXPECT_GT(diff, 1e-5) << "context row " << j << " must reach slot " << slot;
+            if (slot <= last_reached) {
+                EXPECT_GT(diff, 1e-5) << "context row " << j << " must reach slot " << slot;
+            }
             else EXPECT_EQ(diff, 0.0) << "context row " << j << " must not reach slot " << slot;
         }
     }

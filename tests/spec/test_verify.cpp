@@ -109,14 +109,18 @@ void check_distribution(const SamplingParams& base, const std::vector<int32_t>& 
         if (t0 == drafts[0]) ++second[size_t(v.accepted >= 2 ? drafts[1] : v.next_token)];
     }
     EXPECT_LT(chi_square(first, p0), 25.7) << "first emitted token is not distributed as the target";
-    if (p0[size_t(drafts[0])] > 0.05) EXPECT_GT(first[size_t(drafts[0])], 1000) << "too few chains reach position 2";
+    if (p0[size_t(drafts[0])] > 0.05) {
+        EXPECT_GT(first[size_t(drafts[0])], 1000) << "too few chains reach position 2";
+    }
     EXPECT_LT(chi_square(second, p1), 25.7) << "second emitted token is not distributed as the target";
 
     // The broken rule's distribution of the first token: P(d) = p(d) + (1 - p(d))·p(d).
     std::vector<double> broken = p0;
     const size_t d = size_t(drafts[0]);
     for (size_t i = 0; i < broken.size(); ++i) broken[i] = (1 - p0[d]) * p0[i] + (i == d ? p0[d] : 0.0);
-    if (p0[d] > 0.05 && p0[d] < 0.95) EXPECT_GT(chi_square(first, broken), 100.0) << "the statistic cannot tell";
+    if (p0[d] > 0.05 && p0[d] < 0.95) {
+        EXPECT_GT(chi_square(first, broken), 100.0) << "the statistic cannot tell";
+    }
 }
 
 TEST(VerifyDrafts, RejectionSamplingMatchesTargetDistribution) {
