@@ -24,6 +24,7 @@
 // scale = amax / 448, q = e4m3_rn_satfinite(x / scale); the bytes must match exactly), and
 // ATTENTION dequantizes float(q) · scale while filling the bf16 K/V tiles, so the tensor-core
 // path is the same for every cache dtype.
+#include "attention_common.cuh"
 #include "attention_exact.h"
 #include "common.h"
 #include "device_utils.cuh"
@@ -42,26 +43,6 @@ constexpr int kBKeys = 32;    // keys per tile (one per lane in the softmax step
 constexpr int kThreads = 128; // 4 warps × 16 rows
 constexpr int kMaxHeadDim = 256;
 
-struct AttnArgs {
-    const void* q;             // [T, nq, dk]
-    const void* k_cache;       // pages of [page_size, nkv, dk], k_page_stride elements apart
-    const void* v_cache;       // pages of [page_size, nkv, dv], v_page_stride elements apart
-    const float* sinks;        // [nq] or null
-    void* out;                 // [T, nq, dv]
-    float* part_o;             // [n_split, T·nq, dv] (n_split > 1)
-    float* part_ml;            // [n_split, T·nq, 2]  (n_split > 1): running max, denominator
-    const int32_t* cu_q_lens;  // [n_seqs + 1]
-    const int32_t* kv_lens;    // [n_seqs]
-    const int32_t* positions;  // [T]
-    const int32_t* page_table; // [n_seqs, max_pages]
-    int64_t k_page_stride, v_page_stride, T;  // elements (bytes for fp8 caches)
-    int q_dtype, k_dtype, v_dtype, out_dtype;
-    int n_seqs, max_pages, page_size;
-    int nq, nkv, group, dk, dv, dk_pad, dv_pad;
-    float scale;
-    int window, causal, n_split;
-    bool k_vec, v_vec;         // bf16 cache rows may use 16-byte loads, fp8 rows 8-byte loads
-};
 
 // Cache element of any cache dtype, fp8 without its row scale.
 __device__ __forceinline__ float load_cache(const void* cache, int dtype, int64_t i) {
@@ -174,22 +155,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     const int g = blockIdx.y, split = blockIdx.z, G = a.group;
 
     // Which sequence and which 64 of its rows this block owns (same answer in every thread).
-    int s = -1, qlen = 0;
-    int64_t row0 = 0;
-    {
-        int64_t acc = 0;
-        for (int i = 0; i < a.n_seqs; ++i) {
-            const int ql = a.cu_q_lens[i + 1] - a.cu_q_lens[i];
-            const int64_t nt = (int64_t(ql) * G + kBQ - 1) / kBQ;
-            if (int64_t(blockIdx.x) < acc + nt) {
-                s = i;
-                qlen = ql;
-                row0 = (int64_t(blockIdx.x) - acc) * kBQ;
-                break;
-            }
-            acc += nt;
-        }
-    }
+    const RowTile tile = find_row_tile(a.cu_q_lens, a.n_seqs, G, kBQ, blockIdx.x);
+    const int s = tile.seq, qlen = tile.q_len;
+    const int64_t row0 = tile.row0;
     if (s < 0) return;
     const int rows = int(min(int64_t(kBQ), int64_t(qlen) * G - row0));
     const int tok_first = int(row0 / G);
@@ -198,13 +166,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     const int kv_len = a.kv_lens[s];
 
     for (int i = tid; i < ntok; i += kThreads) {
-        const int p = a.positions[token_base + i];
-        int lo = 0, hi = kv_len - 1;
-        if (a.causal) hi = min(hi, p);
-        if (a.window > 0) {
-            lo = max(0, p - a.window + 1);
-            if (!a.causal) hi = min(hi, p + a.window - 1);
-        }
+        int lo, hi;
+        attention_key_range(a.positions[token_base + i], kv_len, a.causal, a.window, lo, hi);
         tok_lo[i] = lo;
         tok_hi[i] = hi;
     }
@@ -553,36 +516,6 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
         return unsupported(c, op, "%s: needs %d bytes of shared memory, device allows %zu", shapes().c_str(), L.total,
                            c->smem_optin);
     if (!run || T == 0 || b.n_seqs == 0) return XINFER_OK;
-    // f32 activations take the exact CUDA-core path (bf16 tensor cores would round Q, K, V, P).
-    if (exact_attention_supported(q.dtype, out.dtype, k_cache.dtype, v_cache.dtype)) {
-        ExactAttentionArgs e{};
-        e.q = static_cast<const float*>(q.data);
-        e.k_cache = k_cache.data;
-        e.v_cache = v_cache.data;
-        e.sinks = absent(sinks) ? nullptr : static_cast<const float*>(sinks.data);
-        e.out = static_cast<float*>(out.data);
-        e.cu_q_lens = static_cast<const int32_t*>(b.cu_q_lens.data);
-        e.kv_lens = static_cast<const int32_t*>(b.kv_lens.data);
-        e.positions = static_cast<const int32_t*>(b.positions.data);
-        e.page_table = static_cast<const int32_t*>(b.page_table.data);
-        e.k_page_stride = cache_page_stride(b, k_cache.dtype, nkv, dk);
-        e.v_page_stride = cache_page_stride(b, v_cache.dtype, nkv, dv);
-        e.T = T;
-        e.k_dtype = k_cache.dtype;
-        e.v_dtype = v_cache.dtype;
-        e.n_seqs = b.n_seqs;
-        e.max_pages = b.max_pages_per_seq;
-        e.page_size = b.page_size;
-        e.nq = nq;
-        e.nkv = nkv;
-        e.dk = dk;
-        e.dv = dv;
-        e.scale = ap.softmax_scale;
-        e.window = ap.window;
-        e.causal = ap.causal;
-        return launch_exact_attention(c, e);
-    }
-    if (int rc = attention_decode(c, op); rc != XINFER_UNSUPPORTED) return rc;
 
     AttnArgs a{};
     a.q = q.data;
@@ -622,6 +555,10 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
     };
     a.k_vec = vec_ok(k_cache, dk, a.k_page_stride);
     a.v_vec = vec_ok(v_cache, dv, a.v_page_stride);
+    // f32 activations take the exact CUDA-core path (bf16 tensor cores would round Q, K, V, P).
+    if (exact_attention_supported(q.dtype, out.dtype, k_cache.dtype, v_cache.dtype)) return launch_exact_attention(c, a);
+    // Few query tokens per sequence against a long cache: the split-KV decode kernel.
+    if (int rc = attention_decode(c, op); rc != XINFER_UNSUPPORTED) return rc;
 
     // Row tiles: Σ_s ceil(q_len_s · G / 64) ≤ ceil(T · G / 64) + n_seqs.
     const int64_t row_tiles = ceil_div(T * a.group, kBQ) + b.n_seqs;

@@ -28,6 +28,7 @@
 // Caches: bf16 rows with 16-byte alignment take the cp.async path; f32/f16 (tests, f32
 // checkpoints) and odd head dims are converted element by element into the same bf16 tiles.
 // FP8 caches are left to attention.cu (its flash kernel dequantizes them).
+#include "attention_common.cuh"
 #include "common.h"
 #include "device_utils.cuh"
 
@@ -160,22 +161,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
 
     // Which sequence and which ≤64 of its rows this block owns (the same answer in every thread;
     // blocks past the last row tile exit: the grid is sized by an upper bound).
-    int s = -1, qlen = 0;
-    int64_t row0 = 0;
-    {
-        int64_t acc = 0;
-        for (int i = 0; i < a.n_seqs; ++i) {
-            const int ql = a.cu_q_lens[i + 1] - a.cu_q_lens[i];
-            const int64_t nt = (int64_t(ql) * G + kRows - 1) / kRows;
-            if (int64_t(blockIdx.x) < acc + nt) {
-                s = i;
-                qlen = ql;
-                row0 = (int64_t(blockIdx.x) - acc) * kRows;
-                break;
-            }
-            acc += nt;
-        }
-    }
+    const RowTile tile = find_row_tile(a.cu_q_lens, a.n_seqs, G, kRows, blockIdx.x);
+    const int s = tile.seq, qlen = tile.q_len;
+    const int64_t row0 = tile.row0;
     if (s < 0) return;
     const int rows = int(min(int64_t(kRows), int64_t(qlen) * G - row0));
     const int tok_first = int(row0 / G);
@@ -184,13 +172,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     const int kv_len = a.kv_lens[s];
 
     for (int i = tid; i < ntok; i += kThreads) {
-        const int p = a.positions[token_base + i];
-        int lo = 0, hi = kv_len - 1;
-        if (a.causal) hi = min(hi, p);
-        if (a.window > 0) {
-            lo = max(0, p - a.window + 1);
-            if (!a.causal) hi = min(hi, p + a.window - 1);
-        }
+        int lo, hi;
+        attention_key_range(a.positions[token_base + i], kv_len, a.causal, a.window, lo, hi);
         tok_lo[i] = lo;
         tok_hi[i] = hi;
     }

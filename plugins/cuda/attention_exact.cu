@@ -20,7 +20,7 @@ size_t exact_smem_floats(int group, int dk, int dv) {
     return size_t(group) * dk + size_t(kTile) * (dk + dv) + size_t(group) * kTile + size_t(group) * dv + 3 * size_t(group);
 }
 
-__global__ void exact_attention_kernel(ExactAttentionArgs a) {
+__global__ void exact_attention_kernel(AttnArgs a) {
     extern __shared__ float smem[];
     const int t = blockIdx.x, g = blockIdx.y, group = a.nq / a.nkv;
     float* q = smem;                          // [G, dk]
@@ -36,16 +36,11 @@ __global__ void exact_attention_kernel(ExactAttentionArgs a) {
     // The sequence of token t (cu_q_lens is sorted; n_seqs is small).
     int s = 0;
     while (s + 1 < a.n_seqs && a.cu_q_lens[s + 1] <= t) ++s;
-    const int64_t pos = a.positions[t], kv_len = a.kv_lens[s];
-    int64_t lo = 0, hi = kv_len - 1;
-    if (a.causal) hi = min(hi, pos);
-    if (a.window > 0) {
-        lo = max(int64_t(0), pos - a.window + 1);
-        if (!a.causal) hi = min(hi, pos + a.window - 1);
-    }
+    int lo, hi;
+    attention_key_range(a.positions[t], a.kv_lens[s], a.causal, a.window, lo, hi);
 
     for (int i = threadIdx.x; i < group * a.dk; i += blockDim.x)
-        q[i] = a.q[(int64_t(t) * a.nq + int64_t(g) * group) * a.dk + i];
+        q[i] = static_cast<const float*>(a.q)[(int64_t(t) * a.nq + int64_t(g) * group) * a.dk + i];
     for (int i = threadIdx.x; i < group * a.dv; i += blockDim.x) acc[i] = 0.f;
     for (int h = threadIdx.x; h < group; h += blockDim.x) {
         m[h] = a.sinks ? a.sinks[g * group + h] : -INFINITY;
@@ -99,7 +94,7 @@ __global__ void exact_attention_kernel(ExactAttentionArgs a) {
     }
     for (int i = threadIdx.x; i < group * a.dv; i += blockDim.x) {
         const int h = i / a.dv;
-        a.out[(int64_t(t) * a.nq + int64_t(g) * group) * a.dv + i] = missing_page ? NAN : acc[i] / l[h];
+        static_cast<float*>(a.out)[(int64_t(t) * a.nq + int64_t(g) * group) * a.dv + i] = missing_page ? NAN : acc[i] / l[h];
     }
 }
 
@@ -110,7 +105,7 @@ bool exact_attention_supported(int q_dtype, int out_dtype, int k_dtype, int v_dt
     return q_dtype == XINFER_DTYPE_F32 && out_dtype == XINFER_DTYPE_F32 && plain(k_dtype) && plain(v_dtype);
 }
 
-int launch_exact_attention(Context* c, const ExactAttentionArgs& a) {
+int launch_exact_attention(Context* c, const AttnArgs& a) {
     if (a.T == 0 || a.n_seqs == 0) return XINFER_OK;
     const size_t smem = exact_smem_floats(a.nq / a.nkv, a.dk, a.dv) * sizeof(float);
     if (smem > c->smem_optin) {

@@ -1,0 +1,72 @@
+// Device logic every attention kernel shares (flash, split-KV decode, exact f32), so that they
+// agree with the CPU reference (src/backend/cpu/attention.cpp) by construction.
+#pragma once
+
+#include <cstdint>
+
+namespace xcuda {
+
+// One ATTENTION op, as the flash and exact kernels read it (attention.cu fills it from the op).
+struct AttnArgs {
+    const void* q;             // [T, nq, dk]
+    const void* k_cache;       // pages of [page_size, nkv, dk], k_page_stride elements apart
+    const void* v_cache;       // pages of [page_size, nkv, dv], v_page_stride elements apart
+    const float* sinks;        // [nq] or null
+    void* out;                 // [T, nq, dv]
+    float* part_o;             // [n_split, T·nq, dv] (n_split > 1)
+    float* part_ml;            // [n_split, T·nq, 2]  (n_split > 1): running max, denominator
+    const int32_t* cu_q_lens;  // [n_seqs + 1]
+    const int32_t* kv_lens;    // [n_seqs]
+    const int32_t* positions;  // [T]
+    const int32_t* page_table; // [n_seqs, max_pages]
+    int64_t k_page_stride, v_page_stride, T;  // elements (bytes for fp8 caches)
+    int q_dtype, k_dtype, v_dtype, out_dtype;
+    int n_seqs, max_pages, page_size;
+    int nq, nkv, group, dk, dv, dk_pad, dv_pad;
+    float scale;
+    int window, causal, n_split;
+    bool k_vec, v_vec;         // bf16 cache rows may use 16-byte loads, fp8 rows 8-byte loads
+};
+
+
+// Keys a query at position p may see form one range [lo, hi] (empty when hi < lo): causal
+// queries see keys ≤ p; a window keeps keys with p - j < window (non-causal: |p - j| < window,
+// symmetric around each query, as DFlash drafters need); never keys ≥ kv_len.
+__device__ __forceinline__ void attention_key_range(int p, int kv_len, int causal, int window, int& lo, int& hi) {
+    lo = 0;
+    hi = kv_len - 1;
+    if (causal) hi = min(hi, p);
+    if (window > 0) {
+        lo = max(0, p - window + 1);
+        if (!causal) hi = min(hi, p + window - 1);
+    }
+}
+
+// Query rows are the pairs (query token i, head h of a KV head's group of G), token-major per
+// sequence (row = i·G + h), cut into tiles of `tile_rows`; tiles of all sequences are numbered
+// consecutively. Finds the sequence of tile `tile` and the tile's first row in it (seq = -1 past
+// the last tile: grids are sized by an upper bound).
+struct RowTile {
+    int seq = -1;
+    int q_len = 0;
+    int64_t row0 = 0;
+};
+__device__ __forceinline__ RowTile find_row_tile(const int32_t* cu_q_lens, int n_seqs, int group, int tile_rows,
+                                                 int64_t tile) {
+    RowTile t;
+    int64_t first = 0;
+    for (int i = 0; i < n_seqs; ++i) {
+        const int q_len = cu_q_lens[i + 1] - cu_q_lens[i];
+        const int64_t tiles = (int64_t(q_len) * group + tile_rows - 1) / tile_rows;
+        if (tile < first + tiles) {
+            t.seq = i;
+            t.q_len = q_len;
+            t.row0 = (tile - first) * tile_rows;
+            return t;
+        }
+        first += tiles;
+    }
+    return t;
+}
+
+}  // namespace xcuda
