@@ -29,6 +29,28 @@ RequestOutput output_of(const Request& r, std::chrono::steady_clock::time_point 
     return out;
 }
 
+// The tokens a sampling chunk adds to its request: one sampled token, or — for a verify chain
+// [anchor, d1 … dk] with logits rows 0..k — the accepted drafts and the target's next token
+// (`accepted` is then set, else left -1). Stop ids, max_tokens and max_model_len may end the
+// request inside the chain; what follows is dropped.
+std::vector<int32_t> emit_tokens(Request& r, std::span<const float> logits, int64_t vocab,
+                                 const std::vector<int32_t>& drafts, int64_t max_model_len, int& accepted) {
+    std::vector<int32_t> tokens;
+    if (drafts.empty()) {
+        tokens = {r.sampler.sample(logits)};
+    } else {
+        const Verdict verdict = verify_drafts(logits, vocab, drafts, r.sampler);
+        accepted = verdict.accepted;
+        tokens.assign(drafts.begin(), drafts.begin() + verdict.accepted);
+        tokens.push_back(verdict.next_token);
+        r.spec.add(drafts, verdict.accepted);
+    }
+    size_t kept = 0;
+    while (kept < tokens.size() && r.append_generated(tokens[kept], max_model_len)) ++kept;
+    tokens.resize(std::min(tokens.size(), kept + 1));
+    return tokens;
+}
+
 }  // namespace
 
 Engine::Impl::Impl(Runner& runner_, SchedulerOptions options, Drafter* drafter_)
@@ -177,20 +199,8 @@ std::vector<RequestOutput> Engine::step() {
         logits_row += n_rows;
         if (!plan[i].samples) continue;
         Request& r = *plan[i].request;
-        if (drafts[i].empty()) {
-            emitted[i] = {r.sampler.sample(chunk_logits)};
-        } else {
-            const Verdict verdict = verify_drafts(chunk_logits, vocab, drafts[i], r.sampler);
-            accepted[i] = verdict.accepted;
-            emitted[i].assign(drafts[i].begin(), drafts[i].begin() + verdict.accepted);
-            emitted[i].push_back(verdict.next_token);
-            r.spec.add(drafts[i], verdict.accepted);
-            e.spec.add(drafts[i], verdict.accepted);
-        }
-        // Stop ids, max_tokens and max_model_len may end the request inside the chain.
-        size_t kept = 0;
-        while (kept < emitted[i].size() && r.append_generated(emitted[i][kept], e.scheduler_options.max_model_len)) ++kept;
-        emitted[i].resize(std::min(emitted[i].size(), kept + 1));
+        emitted[i] = emit_tokens(r, chunk_logits, vocab, drafts[i], e.scheduler_options.max_model_len, accepted[i]);
+        if (accepted[i] >= 0) e.spec.add(drafts[i], accepted[i]);
         // K/V are final for the anchor and the accepted drafts that stayed in the sequence.
         plan[i].count = std::min<int64_t>(plan[i].count + int64_t(emitted[i].size()) - 1, r.n_tokens() - plan[i].start);
         if (r.n_generated() == int64_t(emitted[i].size())) r.first_token = now;
