@@ -1,7 +1,7 @@
 // Serving-core equivalences on the golden fixtures (CPU, greedy): the Engine's batching,
 // chunked prefill, prefix cache and preemption must not change a single token, and no request
 // is ever dropped or leaks a KV page.
-#include "fixture.h"
+#include "model_test_util.h"
 #include "runtime/engine_impl.h"
 #include "runtime/generate.h"
 #include "runtime/memory_plan.h"
@@ -12,15 +12,7 @@
 namespace xinfer::test {
 namespace {
 
-struct Loaded {
-    std::unique_ptr<Backend> backend = make_backend("cpu");
-    std::unique_ptr<Checkpoint> checkpoint;
-    std::unique_ptr<Model> model;
-    explicit Loaded(const std::filesystem::path& dir) {
-        checkpoint = Checkpoint::open(dir);
-        model = load_model(*checkpoint, *backend);
-    }
-};
+using Loaded = LoadedModel;
 
 RunnerOptions pool(int64_t n_pages, bool prefix_caching = false) {
     RunnerOptions options;
@@ -52,18 +44,6 @@ std::vector<std::vector<int32_t>> run_all(Runner& runner, const std::vector<std:
     EXPECT_EQ(finished, prompts.size());
     if (stats) *stats = engine->stats();
     return tokens;
-}
-
-// Prompts of different lengths and contents built from the fixture prompt.
-std::vector<std::vector<int32_t>> varied_prompts(const Fixture& f, size_t n) {
-    std::vector<std::vector<int32_t>> prompts;
-    for (size_t i = 0; i < n; ++i) {
-        const size_t len = 3 + (f.prompt.size() - 3) * (i + 1) / n;
-        std::vector<int32_t> p(f.prompt.begin(), f.prompt.begin() + long(len));
-        std::rotate(p.begin(), p.begin() + long(i % p.size()), p.end());
-        prompts.push_back(p);
-    }
-    return prompts;
 }
 
 class EngineTest : public ::testing::TestWithParam<std::string> {

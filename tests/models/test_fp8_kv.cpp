@@ -2,7 +2,7 @@
 // head) row (src/backend/cpu/kv_fp8.h). Logits stay within a stated tolerance of the float64
 // reference, decidable greedy steps are unchanged, and the engine equivalences still hold
 // exactly (quantization is per row, so batching and prefix caching cannot change it).
-#include "fixture.h"
+#include "model_test_util.h"
 #include "runtime/engine_impl.h"
 #include "runtime/generate.h"
 
@@ -25,15 +25,7 @@ namespace {
 constexpr double kFirstLayerNmse = 6e-3, kFirstLayerMaxRelative = 1.25e-1;
 constexpr double kQwen3LogitsTolerance = 1e-1;
 
-struct Loaded {
-    std::unique_ptr<Backend> backend = make_backend("cpu");
-    std::unique_ptr<Checkpoint> checkpoint;
-    std::unique_ptr<Model> model;
-    explicit Loaded(const std::filesystem::path& dir) {
-        checkpoint = Checkpoint::open(dir);
-        model = load_model(*checkpoint, *backend);
-    }
-};
+using Loaded = LoadedModel;
 
 RunnerOptions fp8_options(bool prefix_caching = false, const char* dtype = "fp8") {
     RunnerOptions options;

@@ -8,7 +8,7 @@
 // weight with the op's scales and runs the CPU op, so with f32 activations a model holding e4m3
 // weights must reproduce the oracle (which dequantizes at load) to rounding.
 // XINFER_TEST_DEVICE=cuda runs the model comparison on that device instead.
-#include "fixture.h"
+#include "model_test_util.h"
 #include "models/decoder.h"
 #include "models/dummy_weights.h"
 #include "models/fp8_weights.h"
@@ -130,10 +130,6 @@ std::unique_ptr<Backend> make_fp8_backend() {
     return std::make_unique<Backend>(&g_fp8_api, 0, "fp8cpu");
 }
 
-std::string test_device() {
-    const char* device = std::getenv("XINFER_TEST_DEVICE");
-    return device && *device ? device : "cpu";
-}
 
 // ---- config and grids ---------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 // Model correctness against Hugging Face transformers (float64 references, full recompute):
 // logits at every prompt position, greedy continuations, and the equivalences the KV cache must
 // preserve (incremental = full recompute, chunked = one-shot prefill, batched = alone).
-#include "fixture.h"
+#include "model_test_util.h"
 #include "runtime/generate.h"
 
 #include <fmt/core.h>
@@ -25,29 +25,11 @@ const GoldenCase kCases[] = {
     {"qwen3_f32", 1e-4},       {"qwen3_moe_f32", 1e-4},
 };
 
-// XINFER_TEST_DEVICE=cuda runs the golden tests on a device (scripts/gpu-check.sh does); the
-// default is the CPU oracle.
-std::string test_device() {
-    const char* device = std::getenv("XINFER_TEST_DEVICE");
-    return device && *device ? device : "cpu";
-}
 bool on_device() { return test_device() != "cpu"; }
 // Devices compute in bf16: logits within 3e-2 relative error (issue: bf16 tolerance).
 constexpr double kDeviceTolerance = 3e-2;
 
-struct Loaded {
-    std::unique_ptr<Backend> backend = make_backend(test_device());
-    std::unique_ptr<Checkpoint> checkpoint;
-    std::unique_ptr<Model> model;
-    explicit Loaded(const std::filesystem::path& dir) {
-        checkpoint = Checkpoint::open(dir);
-        LoadOptions options;
-        // XINFER_TEST_DTYPE=bfloat16 forces bf16 activations on a device (default: the
-        // checkpoint's dtype, as `--dtype auto`).
-        if (const char* dtype = std::getenv("XINFER_TEST_DTYPE")) options.dtype = dtype;
-        model = load_model(*checkpoint, *backend, options);
-    }
-};
+using Loaded = LoadedModel;
 
 class Golden : public ::testing::TestWithParam<GoldenCase> {
 protected:

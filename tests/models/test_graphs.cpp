@@ -2,7 +2,7 @@
 // on any machine; with XINFER_TEST_DEVICE=cuda (scripts/gpu-check.sh) also replay against eager
 // execution on the device: bit-identical to the eager padded step it was captured from, and
 // within rounding of an unpadded eager step.
-#include "fixture.h"
+#include "model_test_util.h"
 #include "runtime/graph_runner.h"
 #include "runtime/runner.h"
 
@@ -111,24 +111,6 @@ TEST(GraphMetadata, StepsThatDoNotFitAreRefused) {
 
 // ---- on a device -------------------------------------------------------------------------------
 
-std::string test_device() {
-    const char* device = std::getenv("XINFER_TEST_DEVICE");
-    return device && *device ? device : "cpu";
-}
-
-struct Loaded {
-    std::unique_ptr<Backend> backend;
-    std::unique_ptr<Checkpoint> checkpoint;
-    std::unique_ptr<Model> model;
-    Loaded(const std::string& device, const std::filesystem::path& dir) {
-        backend = make_backend(device);
-        checkpoint = Checkpoint::open(dir);
-        LoadOptions options;
-        if (const char* dtype = std::getenv("XINFER_TEST_DTYPE")) options.dtype = dtype;
-        model = load_model(*checkpoint, *backend, options);
-    }
-};
-
 RunnerOptions runner_options(bool eager) {
     RunnerOptions options;
     options.page_size = 4;  // sequences span many pages; sliding windows end mid-page
@@ -177,7 +159,7 @@ protected:
     void SetUp() override {
         if (test_device() == "cpu") GTEST_SKIP() << "set XINFER_TEST_DEVICE=cuda to run decode graphs on a device";
         fixture_ = load_fixture("mimo_hub_f32");  // sliding layers with sinks, MoE, two KV groups
-        loaded_ = std::make_unique<Loaded>(test_device(), fixture_.dir);
+        loaded_ = std::make_unique<LoadedModel>(fixture_.dir);
         if (!loaded_->backend->has_graphs()) GTEST_SKIP() << test_device() << " has no graph capture";
     }
     // Rounding between differently shaped kernels: the padded batch picks other GEMM algorithms,
@@ -186,7 +168,7 @@ protected:
     // H200, mimo_hub_f32: 6e-7 at batch 1, 6e-4 at batch 3).
     double tolerance() const { return loaded_->model->activation_dtype() == DType::f32 ? 1e-2 : 3e-2; }
     Fixture fixture_;
-    std::unique_ptr<Loaded> loaded_;
+    std::unique_ptr<LoadedModel> loaded_;
 };
 
 // Replaying a bucket's graph gives exactly the logits of the eager padded step it was captured
@@ -378,7 +360,7 @@ TEST(HostGraphs, EmulatedCaptureDecodesLikeEager) {
 // On the CPU (no graph capture) every step runs eagerly and nothing is captured.
 TEST(HostGraphs, CpuBackendRunsEagerly) {
     const Fixture f = load_fixture("qwen3_f32");
-    Loaded loaded("cpu", f.dir);
+    LoadedModel loaded(f.dir, "cpu");
     Runner runner(*loaded.model, *loaded.backend, runner_options(false));
     EXPECT_FALSE(runner.graphs_enabled());
     EXPECT_EQ(runner.capture_graphs(), 0);

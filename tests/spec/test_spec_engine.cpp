@@ -2,7 +2,7 @@
 // drafter — good, useless or adversarial — is token-identical to greedy without one, alone and
 // batched, with chunked prefill, prefix caching, preemption, stop ids and max_tokens; every
 // step leaves the KV pool intact; sampling keeps the target's distribution.
-#include "models/fixture.h"
+#include "models/model_test_util.h"
 #include "runtime/engine_impl.h"
 #include "runtime/generate.h"
 #include "runtime/memory_plan.h"
@@ -12,24 +12,7 @@
 namespace xinfer::test {
 namespace {
 
-// XINFER_TEST_DEVICE=cuda (scripts/gpu-check.sh) runs these on a device, with the activation
-// dtype XINFER_TEST_DTYPE or the checkpoint's; the default is the CPU oracle.
-std::string test_device() {
-    const char* device = std::getenv("XINFER_TEST_DEVICE");
-    return device && *device ? device : "cpu";
-}
-
-struct Loaded {
-    std::unique_ptr<Backend> backend = make_backend(test_device());
-    std::unique_ptr<Checkpoint> checkpoint;
-    std::unique_ptr<Model> model;
-    explicit Loaded(const std::filesystem::path& dir) {
-        checkpoint = Checkpoint::open(dir);
-        LoadOptions options;
-        if (const char* dtype = std::getenv("XINFER_TEST_DTYPE")) options.dtype = dtype;
-        model = load_model(*checkpoint, *backend, options);
-    }
-};
+using Loaded = LoadedModel;
 
 RunnerOptions pool(int64_t n_pages, bool prefix_caching = false) {
     RunnerOptions options;
@@ -102,17 +85,6 @@ RunResult run_all(Runner& runner, const std::vector<std::vector<int32_t>>& promp
     EXPECT_EQ(runner.kv().free_pages(), runner.kv().n_pages()) << "a page leaked";
     run.stats = engine->stats();
     return run;
-}
-
-std::vector<std::vector<int32_t>> varied_prompts(const Fixture& f, size_t n) {
-    std::vector<std::vector<int32_t>> prompts;
-    for (size_t i = 0; i < n; ++i) {
-        const size_t len = 3 + (f.prompt.size() - 3) * (i + 1) / n;
-        std::vector<int32_t> p(f.prompt.begin(), f.prompt.begin() + long(len));
-        std::rotate(p.begin(), p.begin() + long(i % p.size()), p.end());
-        prompts.push_back(p);
-    }
-    return prompts;
 }
 
 class SpecEngineTest : public ::testing::TestWithParam<std::string> {
