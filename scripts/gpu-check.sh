@@ -117,12 +117,14 @@ if [ $engine = 1 ]; then
         grep -E '^\[ graphs|FAILED  \]' "$OUT/graphs-cuda.log" >>"$summary"
     fi
     if [ -x build/bin/test_spec ]; then
-        # Speculative decoding is lossless on the device too: greedy with oracle, adversarial and
-        # n-gram drafts equals greedy without (alone, batched, chunked, prefix cache, preemption).
+        # Speculative decoding is lossless on the device too: greedy with oracle, adversarial,
+        # n-gram, MTP and DFlash drafts equals greedy without (alone, batched, chunked, prefix
+        # cache, preemption); DFlash's proposals equal the z-lab reference's at every step.
         # In f32 (the bf16 mimo_hub_fp8 run reorders near-tie routing between a verify chain and
         # single-token steps, like the golden run above).
         XINFER_TEST_DEVICE=cuda XINFER_TEST_DTYPE=float32 build/bin/test_spec \
-            --gtest_filter='Fixtures/SpecEngineTest.*:SpecSampling.*' >"$OUT/spec-cuda.log" 2>&1
+            --gtest_filter='Fixtures/SpecEngineTest.*:SpecSampling.*:Fixtures/MtpEngineTest.*:DFlashReference.*ThroughEngine*' \
+            >"$OUT/spec-cuda.log" 2>&1
         rc=$?
         [ "$rc" = 0 ] || status=1
         note "speculative decoding on cuda: rc $rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/spec-cuda.log" | tr '\n' ' ')"

@@ -45,11 +45,15 @@ struct TargetModel {
     std::unique_ptr<Model> model;
 };
 
-inline TargetModel load_target() {
+// The target on `device` ("cpu": the oracle the numerics tests compare on), with the activation
+// dtype XINFER_TEST_DTYPE on devices (auto when unset).
+inline TargetModel load_target(const std::string& device = "cpu") {
     TargetModel t;
-    t.backend = make_cpu_backend();
+    t.backend = make_backend(device);
     t.checkpoint = Checkpoint::open(dflash_fixture("mimo_native_f32"));
-    t.model = load_model(*t.checkpoint, *t.backend);
+    LoadOptions options;
+    if (const char* dtype = std::getenv("XINFER_TEST_DTYPE"); dtype && device != "cpu") options.dtype = dtype;
+    t.model = load_model(*t.checkpoint, *t.backend, options);
     return t;
 }
 

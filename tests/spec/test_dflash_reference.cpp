@@ -4,6 +4,7 @@
 // logits of every step, and the greedy output — replaying the reference loop with xinfer's
 // Runner as the target, and end to end through the Engine (generate()).
 #include "dflash_test_util.h"
+#include "models/model_test_util.h"
 
 #include "runtime/generate.h"
 
@@ -62,8 +63,9 @@ TEST(DFlashReference, MimoDialectMatchesReferenceLoop) { check_replay("dflash_mi
 // The engine asks for fewer drafts near max_tokens (then proposals are a prefix of the
 // reference's block) and stops at max_tokens. With prefill_chunk the drafter observes the
 // prompt in several pieces.
+// XINFER_TEST_DEVICE=cuda runs these engine tests on the device (scripts/gpu-check.sh).
 void check_engine(const std::string& fixture, int64_t prefill_chunk = 0) {
-    TargetModel target = load_target();
+    TargetModel target = load_target(test_device());
     const DFlashReference ref = load_reference(fixture);
     std::unique_ptr<DFlashDrafter> drafter = make_dflash(target, dflash_fixture(fixture), 0, false, 1, 256);
     RunnerOptions runner_options;

@@ -1,7 +1,7 @@
 // Greedy speculation with the MTP drafter through the Engine (CPU) is token-identical to greedy
 // without it: one request and a batch with chunked prefill, on the f32 fixtures with 1 and 3 MTP
 // heads and on the FP8 block-scaled fixture (its MTP block dequantized like the decoder's).
-#include "models/fixture.h"
+#include "models/model_test_util.h"
 #include "runtime/engine_impl.h"
 #include "runtime/runner.h"
 #include "spec/mtp.h"
@@ -22,7 +22,9 @@ protected:
         fixture_ = load_fixture(GetParam().fixture == "mimo_mtp_f32" ? "mimo_hub_f32" : GetParam().fixture);
         dir_ = fixture_dir(GetParam().fixture);  // mimo_mtp_f32: mimo_hub_f32's target + 3 MTP blocks
         checkpoint_ = Checkpoint::open(dir_);
-        model_ = load_model(*checkpoint_, *backend_);
+        LoadOptions options;
+        if (const char* dtype = std::getenv("XINFER_TEST_DTYPE")) options.dtype = dtype;
+        model_ = load_model(*checkpoint_, *backend_, options);
     }
     Runner make_runner(bool features) {
         RunnerOptions options;
@@ -62,18 +64,8 @@ protected:
         if (counters) *counters = engine->stats().spec;
         return tokens;
     }
-    std::vector<std::vector<int32_t>> varied_prompts(size_t n) const {
-        std::vector<std::vector<int32_t>> prompts;
-        for (size_t i = 0; i < n; ++i) {
-            const size_t len = 3 + (fixture_.prompt.size() - 3) * (i + 1) / n;
-            std::vector<int32_t> p(fixture_.prompt.begin(), fixture_.prompt.begin() + long(len));
-            std::rotate(p.begin(), p.begin() + long(i % p.size()), p.end());
-            prompts.push_back(p);
-        }
-        return prompts;
-    }
 
-    std::unique_ptr<Backend> backend_ = make_backend("cpu");
+    std::unique_ptr<Backend> backend_ = make_backend(test_device());  // XINFER_TEST_DEVICE (gpu-check.sh)
     Fixture fixture_;
     std::filesystem::path dir_;
     std::unique_ptr<Checkpoint> checkpoint_;
@@ -113,7 +105,7 @@ TEST_P(MtpEngineTest, GreedyAloneIsLossless) {
 }
 
 TEST_P(MtpEngineTest, GreedyBatchedChunkedIsLossless) {
-    const auto prompts = varied_prompts(4);
+    const auto prompts = varied_prompts(fixture_, 4);
     const int max_tokens = 16;
     std::vector<std::vector<int32_t>> expected;
     for (const auto& p : prompts) expected.push_back(run({p}, {1, 4096, 0}, max_tokens, false)[0]);
