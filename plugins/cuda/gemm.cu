@@ -16,6 +16,9 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 namespace xcuda {
 namespace {
@@ -270,6 +273,260 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Gemv g) {
     }
 }
 
+// ---- the streaming few-token GEMV (dense decode matmuls) -------------------------------------------
+//
+// y[j, n] = Σ_k x[j, k] · w[n, k] for T ≤ 8 rows of x: a pure weight stream. A block of 256 threads
+// owns 8 / S weight rows; the S warps of one row split its K range, each lane keeping U 16-byte
+// weight loads in flight (all issued before any FMA; L1 bypassed) and reading x (bf16 or f32, a few
+// KB, L1-resident) per chunk. S grows (1, 2, 4, 8) until the grid has ~4 blocks per SM, so 512-row
+// matrices fill all SMs; the S partial sums meet in shared memory. FP8 chunks (16 values) are
+// widened in registers and their block scale applied once per chunk. Launch shapes depend only on
+// (N, K, T, dtypes): graph-safe.
+constexpr int kStreamThreads = 256;
+constexpr int kStreamWarps = kStreamThreads / 32;
+
+struct StreamGemv {
+    const void* x = nullptr;  // [rows, k] bf16 or f32, 16-byte aligned, k % chunk == 0
+    const void* w = nullptr;  // [n, k] bf16 / f8_e4m3 / f32, 16-byte aligned
+    const float* scale = nullptr;  // f8: [scale_rows, scale_cols]
+    void* y = nullptr;        // [rows, n]
+    int y_dtype = XINFER_DTYPE_F32;
+    int rows = 1, split = 1;
+    int64_t n = 0, k = 0;
+    int64_t scale_cols = 0, block_rows = 128, block_cols = 128, shard_rows = 0, blocks_per_shard = 0;
+    bool one_scale = true;    // f8: block_cols % 16 == 0, so a 16-value chunk lies in one scale block
+};
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// E consecutive x values at element offset k of row `row`, as f32.
+template <typename XT, int E>
+__device__ __forceinline__ void load_x(const XT* row, int64_t k, float (&out)[E]) {
+    if constexpr (std::is_same_v<XT, float>) {
+#pragma unroll
+        for (int i = 0; i < E; i += 4) {
+            const float4 v = __ldg(reinterpret_cast<const float4*>(row + k + i));
+            out[i] = v.x;
+            out[i + 1] = v.y;
+            out[i + 2] = v.z;
+            out[i + 3] = v.w;
+        }
+    } else if constexpr (E == 4) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + k));
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float2 f = __bfloat1622float2(h[i]);
+            out[2 * i] = f.x;
+            out[2 * i + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; i += 8) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + k + i));
+            const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 f = __bfloat1622float2(h[e]);
+                out[i + 2 * e] = f.x;
+                out[i + 2 * e + 1] = f.y;
+            }
+        }
+    }
+}
+
+// One 16-byte weight chunk widened to f32 (E = 8 bf16, 16 e4m3 or 4 f32 values).
+template <int WT, int E>
+__device__ __forceinline__ void widen(const uint4& raw, float (&w)[E]) {
+    if constexpr (WT == XINFER_DTYPE_F8_E4M3) {
+        const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+        for (int e = 0; e < E / 2; ++e) {
+            const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[e], __NV_E4M3)));
+            w[2 * e] = f.x;
+            w[2 * e + 1] = f.y;
+        }
+    } else if constexpr (WT == XINFER_DTYPE_BF16) {
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int e = 0; e < E / 2; ++e) {
+            const float2 f = __bfloat1622float2(h[e]);
+            w[2 * e] = f.x;
+            w[2 * e + 1] = f.y;
+        }
+    } else {
+        w[0] = __uint_as_float(raw.x);
+        w[1] = __uint_as_float(raw.y);
+        w[2] = __uint_as_float(raw.z);
+        w[3] = __uint_as_float(raw.w);
+    }
+}
+
+template <int WT>
+constexpr int stream_chunk() {
+    return WT == XINFER_DTYPE_F8_E4M3 ? 16 : WT == XINFER_DTYPE_BF16 ? 8 : 4;
+}
+
+// R: rows of x rounded up to 1, 2, 4 or 8 (p.rows ≤ R are live).
+template <int WT, typename XT, int R>
+__global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGemv p) {
+    constexpr int E = stream_chunk<WT>();
+    constexpr int U = R >= 8 ? 4 : 8;  // 16-byte weight loads in flight per lane
+    constexpr bool kFp8 = WT == XINFER_DTYPE_F8_E4M3;
+    __shared__ float partial[kStreamWarps][R];
+
+    const int S = p.split;
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int part = warp % S;
+    const int64_t n = int64_t(blockIdx.x) * (kStreamWarps / S) + warp / S;
+    const bool active = n < p.n;
+    const int chunks = int(p.k / E), step = 32 * S;
+    const XT* x = static_cast<const XT*>(p.x);
+
+    float acc[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) acc[j] = 0.f;
+    if (active) {
+        const char* w_row = static_cast<const char*>(p.w) + n * p.k * int64_t(16 / E);
+        const float* scale_row = nullptr;
+        if constexpr (kFp8)
+            scale_row = p.scale + ((n / p.shard_rows) * p.blocks_per_shard + (n % p.shard_rows) / p.block_rows) *
+                                      p.scale_cols;
+        const int block_cols = int(p.block_cols);
+        for (int c0 = part * 32 + lane; c0 < chunks; c0 += step * U) {
+            uint4 raw[U];
+            [[maybe_unused]] float s[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = c0 + u * step;
+                raw[u] = c < chunks ? load_stream(w_row + int64_t(c) * 16) : make_uint4(0, 0, 0, 0);
+            }
+            if constexpr (kFp8) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int c = c0 + u * step;
+                    s[u] = c < chunks && p.one_scale ? __ldg(scale_row + (c * E) / block_cols) : 0.f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = c0 + u * step;
+                if (c >= chunks) break;
+                float w[E];
+                widen<WT, E>(raw[u], w);
+                if constexpr (kFp8) {
+                    if (!p.one_scale) {
+#pragma unroll
+                        for (int e = 0; e < E; ++e) w[e] *= __ldg(scale_row + (c * E + e) / block_cols);
+                        s[u] = 1.f;
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    if (j >= p.rows) break;
+                    float xv[E];
+                    load_x<XT, E>(x + int64_t(j) * p.k, int64_t(c) * E, xv);
+                    float d = 0.f;
+#pragma unroll
+                    for (int e = 0; e < E; ++e) d = fmaf(w[e], xv[e], d);
+                    if constexpr (kFp8)
+                        acc[j] = fmaf(d, s[u], acc[j]);
+                    else
+                        acc[j] += d;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; ++j) acc[j] = warp_sum(acc[j]);
+    if (S == 1) {  // block-uniform
+        if (active && lane == 0)
+#pragma unroll
+            for (int j = 0; j < R; ++j)
+                if (j < p.rows) store_f(p.y, p.y_dtype, int64_t(j) * p.n + n, acc[j]);
+        return;
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < R; ++j) partial[warp][j] = acc[j];
+    __syncthreads();
+    if (part == 0 && active && lane < p.rows) {
+        float total = 0.f;
+        for (int q = 0; q < S; ++q) total += partial[warp + q][lane];
+        store_f(p.y, p.y_dtype, int64_t(lane) * p.n + n, total);
+    }
+}
+
+template <int WT, typename XT>
+void launch_stream_rows(const StreamGemv& p, dim3 grid, cudaStream_t stream) {
+    if (p.rows <= 1)
+        stream_gemv_kernel<WT, XT, 1><<<grid, kStreamThreads, 0, stream>>>(p);
+    else if (p.rows <= 2)
+        stream_gemv_kernel<WT, XT, 2><<<grid, kStreamThreads, 0, stream>>>(p);
+    else if (p.rows <= 4)
+        stream_gemv_kernel<WT, XT, 4><<<grid, kStreamThreads, 0, stream>>>(p);
+    else
+        stream_gemv_kernel<WT, XT, 8><<<grid, kStreamThreads, 0, stream>>>(p);
+}
+
+// XINFER_CUDA_DENSE_GEMV=0 restores the previous routing (cuBLASLt for bf16/f32 weights, gemv_kernel
+// for f8), so one device run can time both.
+bool dense_gemv_enabled() {
+    static const bool enabled = [] {
+        const char* v = std::getenv("XINFER_CUDA_DENSE_GEMV");
+        return !(v && std::strcmp(v, "0") == 0);
+    }();
+    return enabled;
+}
+
+// The fixed routing rule: T ≤ 8 rows with bf16 / f8 / f32 weights whose rows split into 16-byte
+// chunks, x bf16 (or f32 with f32 weights) 16-byte aligned.
+bool stream_gemv_fits(int64_t T, int64_t K, int w_dtype, int x_dtype, bool x_aligned, const void* w) {
+    if (T < 1 || T > kGemvMaxRows) return false;
+    int chunk = 0;
+    switch (w_dtype) {
+        case XINFER_DTYPE_BF16: chunk = 8; break;
+        case XINFER_DTYPE_F8_E4M3: chunk = 16; break;
+        case XINFER_DTYPE_F32: chunk = 4; break;
+        default: return false;
+    }
+    const bool x_ok = x_dtype == XINFER_DTYPE_BF16 || (x_dtype == XINFER_DTYPE_F32 && w_dtype == XINFER_DTYPE_F32);
+    return x_ok && x_aligned && K % chunk == 0 && K / chunk < (int64_t(1) << 30) && pointer_alignment(w) >= 16;
+}
+
+int launch_stream_gemv(Context* c, StreamGemv p, int w_dtype, int x_dtype) {
+    const int64_t chunks = p.k / (w_dtype == XINFER_DTYPE_F8_E4M3 ? 16 : w_dtype == XINFER_DTYPE_BF16 ? 8 : 4);
+    const int64_t target_blocks = 4 * int64_t(std::max(c->sm_count, 1));
+    int split = 1;
+    while (split < kStreamWarps && ceil_div(p.n, kStreamWarps / split) < target_blocks && chunks >= 64 * split)
+        split *= 2;
+    p.split = split;
+    if (p.shard_rows <= 0) p.shard_rows = p.n;
+    if (p.blocks_per_shard <= 0) p.blocks_per_shard = ceil_div(p.shard_rows, p.block_rows);
+    const int64_t blocks = ceil_div(p.n, kStreamWarps / split);
+    if (blocks > int64_t(INT32_MAX)) {
+        set_error(c, "cuda matmul: N = %lld is too large for the streaming GEMV", (long long)p.n);
+        return XINFER_ERROR;
+    }
+    const dim3 grid = dim3(unsigned(blocks), 1, 1);
+    if (w_dtype == XINFER_DTYPE_BF16)
+        launch_stream_rows<int(XINFER_DTYPE_BF16), __nv_bfloat16>(p, grid, c->stream);
+    else if (w_dtype == XINFER_DTYPE_F8_E4M3)
+        launch_stream_rows<int(XINFER_DTYPE_F8_E4M3), __nv_bfloat16>(p, grid, c->stream);
+    else if (x_dtype == XINFER_DTYPE_F32)
+        launch_stream_rows<int(XINFER_DTYPE_F32), float>(p, grid, c->stream);
+    else
+        launch_stream_rows<int(XINFER_DTYPE_F32), __nv_bfloat16>(p, grid, c->stream);
+    XCUDA_CHECK_LAUNCH(c, "stream_gemv_kernel");
+    return XINFER_OK;
+}
+
 // ---- cuBLASLt --------------------------------------------------------------------------------------
 
 cudaDataType cuda_type(int dtype) {
@@ -467,6 +724,43 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
         return unsupported(c, op, "%s: block scales are only for f8_e4m3 weights", shapes().c_str());
     }
     if (!run || T == 0 || N == 0) return XINFER_OK;
+
+    // Few-token matmuls stream the weights (see stream_gemv_kernel); x as it is where the kernel
+    // reads it (bf16, or f32 for f32 weights), else converted like the other paths.
+    if (dense_gemv_enabled() && K > 0) {
+        const int stream_x = w.dtype == XINFER_DTYPE_F32 && x.dtype == XINFER_DTYPE_BF16 ? XINFER_DTYPE_BF16 : compute_dtype;
+        const bool convert = x.dtype != stream_x;
+        // Converted x lands in 256-byte-aligned scratch.
+        if (stream_gemv_fits(T, K, w.dtype, stream_x, convert || pointer_alignment(x.data) >= 16, w.data)) {
+            const void* xs = x.data;
+            if (convert) {
+                ScratchPlan plan;
+                const size_t off = plan.add(size_t(T * K) * dtype_size(stream_x));
+                if (int rc = ensure_scratch(c, plan.total)) return rc;
+                void* converted = c->scratch + off;
+                if (int rc = launch_convert(c, x.data, x.dtype, converted, stream_x, T * K)) return rc;
+                xs = converted;
+            }
+            StreamGemv p;
+            p.x = xs;
+            p.w = w.data;
+            p.y = y.data;
+            p.y_dtype = y.dtype;
+            p.rows = int(T);
+            p.n = N;
+            p.k = K;
+            if (fp8) {
+                p.scale = static_cast<const float*>(w_scale.data);
+                p.scale_cols = w_scale.shape[1];
+                p.block_rows = br;
+                p.block_cols = bc;
+                p.shard_rows = shard_rows;
+                p.blocks_per_shard = blocks_per_shard;
+                p.one_scale = bc % 16 == 0;
+            }
+            return launch_stream_gemv(c, p, w.dtype, stream_x);
+        }
+    }
 
     // x in the compute dtype, converted into scratch when it differs.
     const void* xa = x.data;

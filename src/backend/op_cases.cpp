@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -418,6 +419,99 @@ OpCase moe_experts_fp8_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t 
                      });
 }
 
+// ---- dense few-token matmuls (plugins/cuda/gemm.cu stream_gemv_kernel) ------------------------------
+
+// Dense MATMUL with f8_e4m3 weights [N, K] and f32 block scales [shards · ceil(N / shards / br),
+// ceil(K / bc)] (a grid that restarts every N / shards rows, as tensor-parallel exports write it).
+// The device gets the e4m3 bytes and scales; the reference (no fp8 MATMUL) gets the same weights
+// dequantized to f32. `perf`: weights filled on the device, no reference tensor.
+OpCase matmul_fp8_case(int64_t T, int64_t N, int64_t K, int64_t br, int64_t bc, int64_t shards, bool perf,
+                       uint32_t seed) {
+    std::string blocks = fmt::format("blocks={}x{}", br, bc);
+    if (shards > 1) blocks += fmt::format(", shards={}", shards);
+    return make_case(XINFER_OP_MATMUL, fmt::format("matmul(T={}, N={}, K={}, w=f8_e4m3, {})", T, N, K, blocks), kMatmul,
+                     [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_MATMUL);
+                         d.op.params.matmul.block_rows = int32_t(br);
+                         d.op.params.matmul.block_cols = int32_t(bc);
+                         d.tensors.push_back(act_input("x", src(0), {T, K}, rng));
+                         const int64_t shard_rows = N / shards, per_shard = (shard_rows + br - 1) / br;
+                         const int64_t scale_cols = (K + bc - 1) / bc;
+                         const float a = std::sqrt(3.f / float(K));
+                         CaseTensor scale = fixed_input("w_scale", src(2), DType::f32, {shards * per_shard, scale_cols}, rng,
+                                                        0.5f * a / 448.f, 1.5f * a / 448.f);
+                         CaseTensor w = make_tensor("w", src(1), Access::input, false, DType::f8_e4m3, {N, K});
+                         w.side = CaseTensor::Side::device;
+                         if (perf) {
+                             w.bulk_random = 448.f;
+                         } else {
+                             // Every finite e4m3 code equally likely (a cheap hash: shapes reach 134M bytes).
+                             w.raw.resize(size_t(N * K));
+                             uint64_t h = seed * 0x9E3779B97F4A7C15ull + 1;
+                             for (uint8_t& b : w.raw) {
+                                 h ^= h << 13;
+                                 h ^= h >> 7;
+                                 h ^= h << 17;
+                                 const int code = int((h >> 24) % 254);
+                                 b = uint8_t(code >= 0x7f ? code + 1 : code);
+                             }
+                             std::vector<float> dequantized(size_t(N * K));
+                             for (int64_t r = 0; r < N; ++r) {
+                                 const float* srow =
+                                     scale.values.data() + ((r / shard_rows) * per_shard + (r % shard_rows) / br) * scale_cols;
+                                 for (int64_t k = 0; k < K; ++k)
+                                     dequantized[size_t(r * K + k)] = cpu::e4m3_to_f32(w.raw[size_t(r * K + k)]) * srow[k / bc];
+                             }
+                             CaseTensor ref = fixed_values("w", src(1), DType::f32, {N, K}, std::move(dequantized));
+                             ref.side = CaseTensor::Side::reference;
+                             d.tensors.push_back(std::move(ref));
+                         }
+                         d.tensors.push_back(std::move(w));
+                         d.tensors.push_back(std::move(scale));
+                         d.tensors.push_back(act_output("y", dst(0), {T, N}));
+                         return d;
+                     });
+}
+
+// MiMo-V2-Flash decode matmuls [N, K]: q, k (SWA / GA), v (SWA / GA), o, dense gate_up, down.
+constexpr std::pair<int64_t, int64_t> kDecodeMatmuls[] = {{12288, 4096}, {1536, 4096}, {768, 4096}, {1024, 4096},
+                                                          {512, 4096},   {4096, 8192}, {32768, 4096}, {4096, 16384}};
+
+// Correctness (XINFER_OPS_TEST_DECODE_MATMULS=1): those shapes at T = 1, 3, 8 in bf16 and fp8 (128×128 blocks; k 768 also as the GA
+// layer's grid restarting every 192-row head shard), partial blocks, 48- and 100-column blocks,
+// lm_head at T = 1, f32-weight routers E × 4096.
+void add_decode_matmul_cases(std::vector<OpCase>& cases, uint32_t& seed) {
+    for (int T : {1, 3, 8}) {
+        for (auto [N, K] : kDecodeMatmuls) {
+            cases.push_back(matmul_case(T, N, K, DType::bf16, ++seed));
+            cases.push_back(matmul_fp8_case(T, N, K, 128, 128, 1, false, ++seed));
+        }
+        cases.push_back(matmul_fp8_case(T, 768, 4096, 128, 128, 4, false, ++seed));
+        for (int64_t E : {8, 32, 256}) cases.push_back(matmul_case(T, E, 4096, DType::f32, ++seed));
+    }
+    cases.push_back(matmul_fp8_case(3, 1000, 4160, 128, 128, 1, false, ++seed));  // partial row and column blocks
+    cases.push_back(matmul_fp8_case(5, 1000, 4160, 128, 128, 5, false, ++seed));  // 200-row shards, partial blocks
+    cases.push_back(matmul_fp8_case(3, 512, 4096, 128, 48, 1, false, ++seed));
+    cases.push_back(matmul_fp8_case(2, 300, 4000, 128, 100, 1, false, ++seed));   // a chunk straddles two scales
+    cases.push_back(matmul_case(1, 152576, 4096, DType::bf16, ++seed));          // lm_head
+}
+
+// Perf: the same shapes at T = 1, 3, 8 (bf16, fp8), lm_head at T = 1 and 8, routers.
+void add_decode_matmul_perf_cases(std::vector<OpCase>& cases, uint32_t& seed) {
+    for (int T : {1, 3, 8}) {
+        for (auto [N, K] : kDecodeMatmuls) {
+            cases.push_back(matmul_case(T, N, K, DType::bf16, ++seed));
+            cases.push_back(matmul_fp8_case(T, N, K, 128, 128, 1, true, ++seed));
+        }
+        for (int64_t E : {8, 32, 256}) cases.push_back(matmul_case(T, E, 4096, DType::f32, ++seed));
+    }
+    for (int T : {1, 8}) {
+        cases.push_back(matmul_case(T, 152576, 4096, DType::bf16, ++seed));
+        cases.push_back(matmul_fp8_case(T, 152576, 4096, 128, 128, 1, true, ++seed));
+    }
+}
+
 // ---- sampling ------------------------------------------------------------------------------------------
 
 OpCase argmax_case(int64_t rows, int64_t vocab, bool ties, uint32_t seed) {
@@ -758,12 +852,16 @@ xinfer_tensor* slot_in(xinfer_op& op, const Slot& slot) {
     return nullptr;
 }
 
+bool on_side(const CaseTensor& t, bool reference_side) {
+    return t.side == CaseTensor::Side::both || (t.side == CaseTensor::Side::reference) == reference_side;
+}
+
 xinfer_op build_op(const CaseData& data, DType activation, bool reference_side, const std::vector<void*>& pointers) {
     xinfer_op op = data.op;
     for (size_t i = 0; i < data.tensors.size(); ++i) {
         const CaseTensor& t = data.tensors[i];
         xinfer_tensor* out = slot_in(op, t.slot);
-        if (!out) continue;
+        if (!out || !on_side(t, reference_side)) continue;
         *out = xinfer_tensor{};
         out->data = pointers.empty() ? nullptr : pointers[i];
         out->dtype = int32_t(side_dtype(t, activation, reference_side));
@@ -957,6 +1055,10 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_experts_fp8_case(5, 192, 320, 16, 3, 64, 64, ++seed));
     cases.push_back(moe_experts_fp8_case(3, 256, 96, 8, 8, 128, 48, ++seed));
     cases.push_back(moe_experts_fp8_case(20, 256, 96, 8, 8, 128, 48, ++seed));
+    // The real decode shapes (up to 134M-weight matrices, fp8 dense weights the CPU does not take)
+    // only when asked: XINFER_OPS_TEST_DECODE_MATMULS=1 (scripts/gpu-gemv.sh sets it).
+    if (const char* v = std::getenv("XINFER_OPS_TEST_DECODE_MATMULS"); v && std::strcmp(v, "1") == 0)
+        add_decode_matmul_cases(cases, seed);
     return cases;
 }
 
@@ -1025,6 +1127,7 @@ std::vector<OpCase> perf_cases() {
     for (int T : {1, 2, 4, 8}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 8, 8, 128, 128, ++seed));
     for (int T : {8, 16, 32, 64}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 32, 8, 128, 128, ++seed));
     cases.push_back(moe_experts_fp8_case(1, hidden, 2048, 256, 8, 128, 128, ++seed));
+    add_decode_matmul_perf_cases(cases, seed);
     return cases;
 }
 
@@ -1047,7 +1150,7 @@ DType precision_class(const CaseData& data, DType activation) {
 uint64_t case_bytes(const CaseData& data, DType activation) {
     uint64_t bytes = 0;
     for (const CaseTensor& t : data.tensors)
-        if (t.view_of < 0) bytes += uint64_t(t.bytes(side_dtype(t, activation, false)));
+        if (t.view_of < 0 && on_side(t, false)) bytes += uint64_t(t.bytes(side_dtype(t, activation, false)));
     return bytes;
 }
 
@@ -1071,7 +1174,7 @@ PreparedCase::PreparedCase(const CaseData& data, Backend& backend, DType activat
     for (size_t i = 0; i < n; ++i) {
         const CaseTensor& t = data.tensors[i];
         dtypes_[i] = side_dtype(t, activation, reference_side);
-        if (t.view_of >= 0) continue;
+        if (t.view_of >= 0 || !on_side(t, reference_side)) continue;
         const size_t bytes = t.bytes(dtypes_[i]);
         buffers_[i] = backend.alloc(bytes);
         pointers_[i] = buffers_[i].data();
@@ -1092,7 +1195,7 @@ void PreparedCase::reset() {
     std::vector<std::vector<char>> staging;
     for (size_t i = 0; i < data_.tensors.size(); ++i) {
         const CaseTensor& t = data_.tensors[i];
-        if (t.view_of >= 0) continue;
+        if (t.view_of >= 0 || !on_side(t, reference_side_)) continue;
         const DType dtype = dtypes_[i];
         const Tensor device_tensor(pointers_[i], DType::u8, {int64_t(t.bytes(dtype))});
         if (!t.raw.empty()) {

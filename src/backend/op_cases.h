@@ -64,6 +64,10 @@ struct CaseTensor {
     // Perf shapes too large to build on the host: filled on the device with values uniform in
     // ±bulk_random (instead of `values`).
     float bulk_random = 0.f;
+    // A tensor only one side sees (block-scaled fp8 weights for the device, their dequantized f32
+    // values for the reference, which has no fp8 MATMUL): both are built, in the same slot.
+    enum class Side : uint8_t { both, reference, device };
+    Side side = Side::both;
 
     int64_t numel() const;
     // Device bytes at this dtype (raw.size() for raw tensors).
