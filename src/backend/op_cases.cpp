@@ -441,6 +441,7 @@ OpCase matmul_fp8_case(int64_t T, int64_t N, int64_t K, int64_t br, int64_t bc, 
                          const float a = std::sqrt(3.f / float(K));
                          CaseTensor scale = fixed_input("w_scale", src(2), DType::f32, {shards * per_shard, scale_cols}, rng,
                                                         0.5f * a / 448.f, 1.5f * a / 448.f);
+                         scale.side = CaseTensor::Side::device;
                          CaseTensor w = make_tensor("w", src(1), Access::input, false, DType::f8_e4m3, {N, K});
                          w.side = CaseTensor::Side::device;
                          if (perf) {
