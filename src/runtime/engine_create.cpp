@@ -79,7 +79,8 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     std::unique_ptr<Drafter> drafter;
     if (spec_config.enabled())
         drafter = make_drafter(spec_config, DrafterContext{*model, *backend, options.model_dir, dummy,
-                                                           options.max_num_seqs, plan.max_model_len});
+                                                           options.max_num_seqs, plan.max_model_len,
+                                                           options.max_num_batched_tokens});
 
     RunnerOptions runner_options;
     if (drafter) runner_options.feature_layers = drafter->feature_layers();

@@ -1,5 +1,7 @@
 #include "runtime/memory_plan.h"
 
+#include "spec/dflash.h"
+
 #include "core/status.h"
 
 #include <fmt/core.h>
@@ -257,10 +259,37 @@ MemoryPlan plan_memory(const ModelConfig& config, const PlanOptions& options) {
             "mtp, {} tokens: {} MTP blocks (sliding attention + dense MLP weights {} each, KV {} tokens × {} B per "
             "sequence), {} logits rows per sequence",
             blocks, blocks, bytes_text(block_weights), window, int64_t(layer_kv), 1 + blocks);
-    } else if (!spec.method.empty()) {
-        plan.speculative_note = fmt::format("{}, {} tokens: {} logits rows per sequence; drafter weights and KV are not "
-                                            "counted yet (speculative-decoding issue)",
-                                            spec.method, spec.num_speculative_tokens, 1 + spec.num_speculative_tokens);
+    } else if (spec.method == "dflash") {
+        // The drafter's own layers and fc (embedding and lm_head are the target's), and its KV:
+        // every layer caches every sequence's context plus one block (src/spec/dflash.h).
+        const DFlashConfig d = read_dflash_config(*Checkpoint::open(spec.model, /*load_weights=*/false), config,
+                                                  /*load_sidecar=*/false);
+        const double H = double(d.hidden_size), qkv = double(d.n_q_heads + 2 * d.n_kv_heads) * d.head_dim;
+        const double layer = H * (qkv + double(d.n_q_heads) * d.head_dim + 3.0 * double(d.intermediate_size));
+        const double fc = double(d.target_layer_ids.size()) * double(d.target_hidden_size) * H;
+        const double weights = (double(d.layers.size()) * layer + fc) * double(dtype_size(options.weight_dtype));
+        // The drafter's KV pool as the drafter sizes it (one group per window; sliding groups hold
+        // each sequence's last window plus one step's rows).
+        std::vector<KvGroupShape> groups;
+        for (size_t i = 0; i < d.layers.size(); ++i) {
+            const int window = d.layers[i].window;
+            auto it = std::find_if(groups.begin(), groups.end(), [&](const KvGroupShape& g) { return g.window == window; });
+            if (it == groups.end()) it = groups.insert(groups.end(), {window > 0, window, d.n_kv_heads, d.head_dim, d.head_dim, {}});
+            it->layers.push_back(int(i));
+        }
+        const KvLayout drafter_layout = make_kv_layout(groups, options.activation_dtype, kDFlashMinTokensPerPage);
+        const int64_t pages = dflash_kv_pages(drafter_layout, S, plan.max_model_len, d.block_size,
+                                              options.max_num_batched_tokens);
+        const double kv = double(pages) * double(drafter_layout.page_bytes);
+        plan.speculative_bytes = uint64_t(weights + kv);
+        plan.speculative_note = fmt::format(
+            "dflash, {} tokens: drafter weights {} ({} layers, hidden {}), drafter KV {} ({} pages of {} B for {} "
+            "sequences), {} logits rows per sequence",
+            spec.num_speculative_tokens, bytes_text(weights), d.layers.size(), d.hidden_size, bytes_text(kv), pages,
+            drafter_layout.page_bytes, S, 1 + spec.num_speculative_tokens);
+    } else if (!spec.method.empty()) {  // ngram: no model
+        plan.speculative_note = fmt::format("{}, {} tokens: {} logits rows per sequence", spec.method,
+                                            spec.num_speculative_tokens, 1 + spec.num_speculative_tokens);
     }
     plan.workspace_bytes =
         workspace_estimate(config, options, logit_rows, plan.layout.groups.size(), plan.workspace_formula);

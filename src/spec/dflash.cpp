@@ -160,7 +160,29 @@ void DFlashDrafter::build_mask_row() {
 
 // One pool of equal-byte pages over the drafter's layer groups (full, and one per window),
 // page-strided views per layer exactly as the Runner builds them (src/runtime/runner.cpp).
-// Capacity: max_num_seqs sequences of max_model_len tokens plus one block.
+// Capacity: dflash_kv_pages().
+int64_t dflash_kv_pages(const KvLayout& layout, int64_t max_num_seqs, int64_t max_model_len, int block_size,
+                        int64_t max_num_batched_tokens) {
+    int64_t n_pages = 0;
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+        const KvGroupLayout& group = layout.groups[g];
+        const int64_t whole = max_num_seqs * layout.pages_for(int(g), max_model_len + block_size);
+        if (!group.sliding || max_num_batched_tokens <= 0) {
+            n_pages += whole;
+            continue;
+        }
+        // A sliding group keeps each sequence's last window (the manager releases older pages as
+        // the context is committed), but rows are injected before that release: one step's
+        // committed rows (≤ the token budget) plus, per sequence, the window, one block and the
+        // two partial pages at its ends.
+        const int64_t per_page = group.tokens_per_page;
+        const int64_t per_seq = (group.window - 1 + block_size + per_page - 1) / per_page + 2;
+        const int64_t bounded = max_num_seqs * (per_seq + 1) + (max_num_batched_tokens + per_page - 1) / per_page;
+        n_pages += std::min(whole, bounded);
+    }
+    return n_pages;
+}
+
 void DFlashDrafter::build_kv(const DrafterContext& context) {
     const size_t n_layers = config_.layers.size();
     std::vector<KvGroupShape> shapes;
@@ -173,14 +195,12 @@ void DFlashDrafter::build_kv(const DrafterContext& context) {
         }
         it->layers.push_back(int(i));
     }
-    KvLayout layout = make_kv_layout(shapes, act_, 16);
+    KvLayout layout = make_kv_layout(shapes, act_, kDFlashMinTokensPerPage);
     const int64_t max_model_len =
         context.max_model_len > 0 ? context.max_model_len : target_.config().max_position_embeddings;
     XINFER_CHECK(max_model_len > 0, "DFlash drafter: max_model_len {} must be positive", max_model_len);
-    int64_t pages_per_seq = 0;
-    for (size_t g = 0; g < layout.groups.size(); ++g)
-        pages_per_seq += layout.pages_for(int(g), max_model_len + config_.block_size);
-    const int64_t n_pages = pages_per_seq * std::max(1, context.max_num_seqs);
+    const int64_t n_pages = dflash_kv_pages(layout, std::max(1, context.max_num_seqs), max_model_len,
+                                            config_.block_size, context.max_num_batched_tokens);
     kv_ = std::make_unique<KvCacheManager>(std::move(layout), n_pages, /*enable_prefix_caching=*/false);
 
     const KvLayout& kv_layout = kv_->layout();

@@ -94,6 +94,13 @@ struct DFlashConfig {
 // Throws naming the file and the field, with expected and actual values.
 DFlashConfig read_dflash_config(const Checkpoint& checkpoint, const ModelConfig& target, bool load_sidecar = true);
 
+// Pages of the drafter's KV pool: max_num_seqs sequences of max_model_len tokens plus one block,
+// except that sliding-window groups hold only each sequence's last window plus one step's rows
+// when max_num_batched_tokens (> 0) bounds a step. Shared with the memory plan.
+constexpr int kDFlashMinTokensPerPage = 16;  // the drafter's KV page geometry (make_kv_layout)
+int64_t dflash_kv_pages(const KvLayout& layout, int64_t max_num_seqs, int64_t max_model_len, int block_size,
+                        int64_t max_num_batched_tokens);
+
 // The sidecar of `dir` as [hidden] floats; empty if the directory has none.
 std::vector<float> read_mask_embedding_sidecar(const std::filesystem::path& dir, int64_t hidden,
                                                std::filesystem::path* found = nullptr);

@@ -82,6 +82,9 @@ struct DrafterContext {
     bool dummy_weights = false;     // --load-format dummy: make random drafter weights of the right shapes
     int max_num_seqs = 1;           // sequences the drafter's own KV must hold at once
     int64_t max_model_len = 0;      // tokens per sequence
+    // Most target tokens one step commits (the scheduler's token budget); bounds what sliding-window
+    // drafter caches hold at once. 0: unknown (caches then hold max_model_len per sequence).
+    int64_t max_num_batched_tokens = 0;
 };
 
 // The drafter for config.method ("ngram", "dflash", "mtp"); throws naming what is wrong.

@@ -91,6 +91,27 @@ TEST(MemoryPlan, SpeculativeConfig) {
     EXPECT_GT(plan_memory(mimo_config(), options).speculative_bytes, base);
 }
 
+// A DFlash drafter of the MiMo-V2-Flash shape (bench/models/dflash_mimo_b8: 5 layers, hidden 4096,
+// 32/8 heads of 128, intermediate 12288, 5 tapped layers, block 8) counts its weights and KV.
+TEST(MemoryPlan, DFlashDrafterWeightsAndKv) {
+    const std::filesystem::path drafter =
+        std::filesystem::path(XINFER_FIXTURES_DIR).parent_path().parent_path() / "bench" / "models" / "dflash_mimo_b8";
+    PlanOptions options = h200(1);
+    options.max_num_seqs = 4;
+    options.max_model_len = 8192;
+    options.speculative_config = R"({"method": "dflash", "model": ")" + drafter.string() + R"("})";
+    const MemoryPlan plan = plan_memory(mimo_config(), options);
+    // Per layer 4096 × ((32 + 2·8)·128 + 32·128 + 3·12288) = 192,937,984 weights; fc 5 × 4096 × 4096.
+    const uint64_t weights = (5 * uint64_t(192937984) + 5 * uint64_t(4096) * 4096) * 2;  // bf16
+    // KV: its layers are all sliding (use_swa, window 128), so 4 sequences hold their last window
+    // and one block (ceil(135 / 16) + 2 pages of 16 tokens, + 1) plus one step's 2,048 rows
+    // (128 pages): 176 pages of 16 tokens × 5 layers × 8 heads × (128 + 128) × 2 B = 327,680 B.
+    EXPECT_EQ(plan.speculative_bytes, weights + 176 * uint64_t(327680)) << plan.speculative_note;
+    EXPECT_NE(plan.speculative_note.find("dflash, 7 tokens"), std::string::npos) << plan.speculative_note;
+    options.max_model_len = 65536;  // bounded by the window, not the length
+    EXPECT_EQ(plan_memory(mimo_config(), options).speculative_bytes, plan.speculative_bytes);
+}
+
 TEST(MemoryPlan, ParseMemorySize) {
     EXPECT_EQ(parse_memory_size("141GiB"), uint64_t(141) << 30);
     EXPECT_EQ(parse_memory_size("512MiB"), uint64_t(512) << 20);

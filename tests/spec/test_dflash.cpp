@@ -500,6 +500,30 @@ TEST(DFlashKv, PoolSizeReleaseAndLostSequences) {
     d->kv().check_integrity();
 }
 
+// With a step budget, all-sliding drafters hold each sequence's last window, not its whole length,
+// and draft exactly as the unbounded pool does.
+TEST(DFlashKv, StepBudgetBoundsSlidingPools) {
+    TargetModel t = load_target();
+    SpeculativeConfig spec;
+    spec.method = "dflash";
+    spec.model = dflash_fixture("dflash_mimo").string();
+    auto make = [&](int64_t budget) {
+        auto d = std::make_unique<DFlashDrafter>(spec, DrafterContext{*t.model, *t.backend, "", false, 2, 1000, budget});
+        d->keep_logits(true);
+        return d;
+    };
+    std::unique_ptr<DFlashDrafter> whole = make(0), bounded = make(16);
+    EXPECT_LT(bounded->kv().n_pages(), whole->kv().n_pages() / 10);
+
+    const int64_t width = feature_width(*whole);
+    const std::vector<float> features = random_features(200, width, 40);
+    const std::vector<int32_t> tokens = some_tokens(201, 41);
+    for (DFlashDrafter* d : {whole.get(), bounded.get()})
+        for (int64_t begin = 0; begin < 200; begin += 16) observe_rows(*d, 3, features, begin, std::min<int64_t>(begin + 16, 200), tokens);
+    EXPECT_EQ(propose_logits(*bounded, 3, tokens, 200), propose_logits(*whole, 3, tokens, 200));
+    bounded->kv().check_integrity();
+}
+
 // ---- weights ------------------------------------------------------------------------------------
 
 TEST(DFlashWeights, DummyWeightsFromConfigOnly) {
