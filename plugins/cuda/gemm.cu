@@ -476,13 +476,31 @@ void launch_stream_rows(const StreamGemv& p, dim3 grid, cudaStream_t stream) {
 }
 
 // XINFER_CUDA_DENSE_GEMV=0 restores the previous routing (cuBLASLt for bf16/f32 weights, gemv_kernel
-// for f8), so one device run can time both.
-bool dense_gemv_enabled() {
-    static const bool enabled = [] {
+// for f8), =all sends every fitting T ≤ 8 matmul to the streaming GEMV; unset: the fixed rule below.
+int dense_gemv_mode() {  // 0 off, 1 rule, 2 all
+    static const int mode = [] {
         const char* v = std::getenv("XINFER_CUDA_DENSE_GEMV");
-        return !(v && std::strcmp(v, "0") == 0);
+        if (v && std::strcmp(v, "0") == 0) return 0;
+        if (v && std::strcmp(v, "all") == 0) return 2;
+        return 1;
     }();
-    return enabled;
+    return mode;
+}
+bool dense_gemv_enabled() { return dense_gemv_mode() != 0; }
+
+// Where the streaming GEMV beat the previous path on H200 (ops-test --perf, both paths in one run,
+// docs/perf/2026-11-30-h200-gemv.md). bf16: at T = 1 everywhere (k/v 2.3-3x, o/q/gate_up/lm_head
+// 1-3% faster), at T = 2..8 only up to 1536×4096, where cuBLASLt's fixed ~15 µs dominates; it keeps
+// q/o/gate_up/down at T ≥ 3 (its time is flat in T, the GEMV's is not). f8: everywhere except T = 1
+// with 512 < N·K/4096 ≤ 1536 (k/v, where gemv_kernel was 0.7-1.5 µs faster). f32 (routers): always.
+bool stream_gemv_wins(int64_t T, int64_t N, int64_t K, int w_dtype) {
+    if (dense_gemv_mode() == 2) return true;
+    const int64_t elems = N * K;
+    switch (w_dtype) {
+        case XINFER_DTYPE_BF16: return T == 1 || elems <= 1536 * 4096;
+        case XINFER_DTYPE_F8_E4M3: return !(T == 1 && elems > 512 * 4096 && elems <= 1536 * 4096);
+        default: return true;
+    }
 }
 
 // The fixed routing rule: T ≤ 8 rows with bf16 / f8 / f32 weights whose rows split into 16-byte
@@ -731,7 +749,8 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
         const int stream_x = w.dtype == XINFER_DTYPE_F32 && x.dtype == XINFER_DTYPE_BF16 ? XINFER_DTYPE_BF16 : compute_dtype;
         const bool convert = x.dtype != stream_x;
         // Converted x lands in 256-byte-aligned scratch.
-        if (stream_gemv_fits(T, K, w.dtype, stream_x, convert || pointer_alignment(x.data) >= 16, w.data)) {
+        if (stream_gemv_wins(T, N, K, w.dtype) &&
+            stream_gemv_fits(T, K, w.dtype, stream_x, convert || pointer_alignment(x.data) >= 16, w.data)) {
             const void* xs = x.data;
             if (convert) {
                 ScratchPlan plan;
