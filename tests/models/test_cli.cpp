@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
 
 namespace xinfer::test {
 namespace {
@@ -41,6 +42,47 @@ TEST(Cli, GeneratePrintsGreedyIdsAsJson) {
     ASSERT_EQ(run.status, 0) << run.output;
     const nlohmann::json line = nlohmann::json::parse(run.output.substr(0, run.output.find('\n')));
     EXPECT_EQ(line.at("ids").get<std::vector<int32_t>>(), std::vector<int32_t>(f.greedy.begin(), f.greedy.begin() + long(n)));
+}
+
+// Speculative decoding from the command line: a DFlash drafter (z-lab dialect) whose proposals,
+// written by --spec-trace, equal those of z-lab's own reference loop at every step, greedy output
+// unchanged, and the counters in the final JSON line.
+TEST(Cli, GenerateSpeculativeTraceMatchesDFlashReference) {
+    const Fixture f = load_fixture("mimo_native_f32");
+    const std::filesystem::path drafter = fixture_dir("dflash_zlab");
+    std::ifstream in(drafter / "reference.json");
+    const nlohmann::json ref = nlohmann::json::parse(in);
+    const auto prompt = ref.at("prompt_ids").get<std::vector<int32_t>>();
+    const int max_tokens = ref.at("max_new_tokens").get<int>();
+    const std::filesystem::path trace = std::filesystem::temp_directory_path() / "xinfer_test_spec_trace.jsonl";
+    CommandResult run = run_xinfer(fmt::format(
+        "generate --model {} --prompt-ids {} --max-tokens {} --speculative-config '{{\"method\":\"dflash\",\"model\":\"{}\"}}' "
+        "--spec-trace {}",
+        f.dir.string(), join_ids(prompt), max_tokens, drafter.string(), trace.string()));
+    ASSERT_EQ(run.status, 0) << run.output;
+    const nlohmann::json line = nlohmann::json::parse(run.output.substr(0, run.output.find('\n')));
+    EXPECT_EQ(line.at("ids").get<std::vector<int32_t>>(), ref.at("greedy_ids").get<std::vector<int32_t>>());
+    std::ifstream trace_in(trace);
+    std::string step_line;
+    size_t step = 0;
+    while (std::getline(trace_in, step_line)) {
+        const nlohmann::json got = nlohmann::json::parse(step_line);
+        ASSERT_LT(step, ref.at("steps").size());
+        const auto proposed = got.at("proposed").get<std::vector<int32_t>>();
+        const auto expected = ref.at("steps")[step].at("proposed").get<std::vector<int32_t>>();
+        ASSERT_LE(proposed.size(), expected.size());  // fewer drafts near max_tokens
+        EXPECT_TRUE(std::equal(proposed.begin(), proposed.end(), expected.begin())) << "step " << step;
+        ++step;
+    }
+    EXPECT_GT(step, 0u);
+    EXPECT_EQ(line.at("spec_decode").at("num_drafts").get<size_t>(), step);
+    EXPECT_EQ(line.at("spec_decode").at("method").get<std::string>(), "dflash");
+    std::filesystem::remove(trace);
+
+    run = run_xinfer(fmt::format("generate --model {} --prompt-ids 1,2 --speculative-config '{{\"method\":\"eagle9\"}}'",
+                                 f.dir.string()));
+    EXPECT_NE(run.status, 0);
+    EXPECT_NE(run.output.find("unknown method \"eagle9\""), std::string::npos) << run.output;
 }
 
 TEST(Cli, LogitsWritesNpyMatchingReference) {
