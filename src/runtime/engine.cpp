@@ -55,7 +55,10 @@ std::vector<int32_t> emit_tokens(Request& r, std::span<const float> logits, int6
 
 Engine::Impl::Impl(Runner& runner_, SchedulerOptions options, Drafter* drafter_)
     : runner(&runner_), drafter(drafter_), scheduler_options(options) {
-    if (drafter) scheduler_options.num_lookahead_tokens = drafter->num_speculative_tokens();
+    if (drafter) {
+        scheduler_options.num_lookahead_tokens = drafter->num_speculative_tokens();
+        scheduler_options.prefix_cache_holdback = std::max<int64_t>(0, drafter->context_window());
+    }
     const KvCacheManager& kv = runner->kv();
     const int64_t longest = max_sequence_tokens(kv.layout(), kv.n_pages(), options.max_num_batched_tokens);
     if (scheduler_options.max_model_len <= 0) scheduler_options.max_model_len = longest;

@@ -93,7 +93,8 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     while (!waiting_.empty() && budget > 0 && int(running_.size()) < options_.max_num_seqs) {
         Request& r = *waiting_.front();
         if (!kv_.has_sequence(int(r.id))) {
-            r.computed = kv_.add_sequence(int(r.id), r.tokens);
+            const int64_t lookup = std::max<int64_t>(0, r.n_tokens() - options_.prefix_cache_holdback);
+            r.computed = kv_.add_sequence(int(r.id), std::span<const int32_t>(r.tokens).first(size_t(lookup)));
             if (r.n_preemptions == 0 && r.n_generated() == 0) r.cached_prompt = r.computed;
         }
         const int64_t count = std::min(r.n_tokens() - r.computed, budget);

@@ -28,6 +28,9 @@ struct SchedulerOptions {
     // Speculative decoding: KV slots and token budget reserved per decoding request for drafts
     // (verified in the same forward as the decode token). 0: no speculation.
     int num_lookahead_tokens = 0;
+    // Tokens at the end of a prompt that a prefix-cache hit leaves to compute, so a drafter sees
+    // their hidden states (Drafter::context_window(); 0: the longest hit).
+    int64_t prefix_cache_holdback = 0;
 };
 
 // One request's part of a step: tokens [start, start + count) of request->all tokens.

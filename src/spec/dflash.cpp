@@ -289,6 +289,9 @@ void DFlashDrafter::observe(const TargetHidden& hidden) {
         if (inserted) kv_->add_sequence(s.seq, {});
         if (state.lost) continue;
         const int64_t end = s.start_position + s.n_committed;
+        // First observation mid-context: the positions before it are outside every window the
+        // drafter will query (the scheduler kept context_window() positions out of the cache hit).
+        if (inserted && s.start_position > 0 && context_window() > 0) state.context = s.start_position;
         if (s.start_position > state.context) {
             // Positions [context, start) were never observed (e.g. served from the target's
             // prefix cache): the context would have a hole, so this sequence drafts no more.
@@ -499,6 +502,15 @@ std::vector<std::vector<int32_t>> DFlashDrafter::propose(std::span<const DraftRe
         for (int i = 0; i < x.n_drafts; ++i, ++row) out.push_back(ids[size_t(row)]);
     }
     return drafts;
+}
+
+int64_t DFlashDrafter::context_window() const {
+    int64_t widest = 0;
+    for (const DFlashLayerAttention& layer : config_.layers) {
+        if (layer.window <= 0) return -1;
+        widest = std::max<int64_t>(widest, layer.window);
+    }
+    return widest;
 }
 
 void DFlashDrafter::release(int seq) {

@@ -43,8 +43,10 @@
 // Embedding and lm_head are the target's unless the drafter ships embed_tokens.weight /
 // lm_head.weight. Draft vocabularies (d2t) are not supported.
 //
-// Sequences whose hidden states were not all observed (a gap: e.g. the target skipped a cached
-// prefix) get no drafts until release(): speculation then degrades to plain decoding.
+// A sequence first observed mid-context (the target skipped a cached prefix) is fine for an
+// all-sliding drafter: the engine keeps context_window() positions out of the hit, and keys
+// older than the window are never read. Otherwise, and for any later gap, the sequence gets no
+// drafts until release(): speculation then degrades to plain decoding.
 //
 // Not thread-safe: the engine loop owns it. Runs through the Backend facade only.
 #pragma once
@@ -116,6 +118,8 @@ public:
     void observe(const TargetHidden& hidden) override;
     std::vector<std::vector<int32_t>> propose(std::span<const DraftRequest> requests) override;
     void release(int seq) override;
+    // All-sliding drafters (MiMo's use_swa): the widest window; any full-attention layer: -1.
+    int64_t context_window() const override;
 
     const DFlashConfig& config() const { return config_; }
     const KvCacheManager& kv() const { return *kv_; }

@@ -72,6 +72,13 @@ public:
     // A sequence finished, was aborted or preempted (it will be re-observed from its prompt if
     // it resumes): drop its state. Unknown sequences are ignored.
     virtual void release(int seq) { (void)seq; }
+    // How much of a sequence's target context the drafter must have observed before an anchor:
+    // 0 = none (token-only drafters), W > 0 = the last W positions (sliding-window drafters: a
+    // sequence may start being observed mid-context, e.g. after a prefix-cache hit, and drafts
+    // once W positions are in), -1 = all of it (a sequence first observed mid-context gets no
+    // drafts). The scheduler keeps that many prompt tokens out of prefix-cache hits so the
+    // drafter observes them.
+    virtual int64_t context_window() const { return 0; }
 };
 
 // What a drafter may borrow from the running target.

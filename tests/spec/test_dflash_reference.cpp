@@ -6,6 +6,7 @@
 #include "dflash_test_util.h"
 #include "models/model_test_util.h"
 
+#include "runtime/engine_impl.h"
 #include "runtime/generate.h"
 
 #include <cmath>
@@ -94,6 +95,68 @@ void check_engine(const std::string& fixture, int64_t prefill_chunk = 0) {
 TEST(DFlashReference, ZlabThroughEngine) { check_engine("dflash_zlab"); }
 TEST(DFlashReference, MimoThroughEngine) { check_engine("dflash_mimo"); }
 TEST(DFlashReference, MimoThroughEngineChunkedPrefill) { check_engine("dflash_mimo", 13); }
+
+}  // namespace
+}  // namespace xinfer::test
+
+namespace xinfer::test {
+namespace {
+
+// Prefix caching composes with DFlash: a second request with the same prompt is served from the
+// cache except for the drafter's context window (MiMo dialect: all layers sliding), so it still
+// gets the same drafts; a full-attention drafter (z-lab dialect) cannot use a mid-context start
+// and drafts nothing for it. Greedy tokens are the reference's either way.
+void check_prefix_cache(const std::string& fixture, bool drafts_after_hit) {
+    TargetModel target = load_target(test_device());
+    const DFlashReference ref = load_reference(fixture);
+    // A fresh drafter per pass: the second must not find the first pass's K/V in its pool.
+    std::unique_ptr<DFlashDrafter> drafters[2] = {make_dflash(target, dflash_fixture(fixture), 0, false, 2, 256),
+                                                  make_dflash(target, dflash_fixture(fixture), 0, false, 2, 256)};
+    DFlashDrafter* drafter = drafters[1].get();
+    RunnerOptions runner_options;
+    runner_options.page_size = 4;
+    runner_options.n_pages = 512;
+    runner_options.enable_prefix_caching = true;
+    runner_options.feature_layers = drafter->feature_layers();
+    Runner runner(*target.model, *target.backend, runner_options);
+    SpecCounters first, second;
+    std::vector<std::vector<int32_t>> proposals[2];  // per pass, every verify step's drafts
+    int64_t hits = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+        // The prompt plus the first greedy token (49 tokens): a cache hit then stops 1 token
+        // short of the prompt's end, inside the drafter's window unless the scheduler holds back.
+        std::unique_ptr<Engine> engine = make_engine(runner, {1, 4096, 0}, drafters[pass].get());
+        std::vector<int32_t> prompt = ref.prompt;
+        prompt.push_back(ref.greedy.at(0));
+        engine->submit(prompt, {}, ref.max_new_tokens - 1);
+        std::vector<int32_t> tokens;
+        while (engine->has_work()) {
+            for (const RequestOutput& out : engine->step()) {
+                tokens.insert(tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+                if (out.accepted >= 0) proposals[pass].push_back(out.proposed);
+            }
+        }
+        EXPECT_EQ(tokens, std::vector<int32_t>(ref.greedy.begin() + 1, ref.greedy.end())) << "pass " << pass;
+        (pass == 0 ? first : second) = engine->stats().spec;
+        hits = engine->stats().prefix_hit_tokens;
+    }
+    EXPECT_GT(hits, 0) << "the second pass did not hit the prefix cache";
+    EXPECT_GT(first.num_drafts, 0);
+    if (drafts_after_hit) {
+        // The same drafts: the window the drafter reads was recomputed, not served from the cache.
+        EXPECT_EQ(proposals[1], proposals[0]);
+        EXPECT_EQ(second.num_drafts, first.num_drafts);
+        EXPECT_EQ(second.num_accepted_tokens, first.num_accepted_tokens);
+        EXPECT_EQ(drafter->context_window(), 4);
+    } else {
+        EXPECT_EQ(second.num_drafts, 0);
+        EXPECT_EQ(drafter->context_window(), -1);
+    }
+    runner.kv().check_integrity();
+}
+
+TEST(DFlashReference, SlidingDrafterDraftsAfterPrefixCacheHit) { check_prefix_cache("dflash_mimo", true); }
+TEST(DFlashReference, FullAttentionDrafterStaysLosslessAfterPrefixCacheHit) { check_prefix_cache("dflash_zlab", false); }
 
 }  // namespace
 }  // namespace xinfer::test

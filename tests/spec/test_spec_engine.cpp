@@ -215,6 +215,53 @@ TEST_P(SpecEngineTest, PrefixCachingAndPreemptionAreLossless) {
     EXPECT_GT(run.stats.preemptions, 0);
 }
 
+// A prefix-cache hit leaves a drafter's context_window() prompt tokens to compute, so the drafter
+// observes them: the first observed position of a request served from the cache is at most
+// prompt length - window (and, with no window, the hit is as long as the cache allows).
+TEST_P(SpecEngineTest, PrefixCacheHitLeavesTheDraftersWindow) {
+    class Recording final : public Drafter {
+    public:
+        explicit Recording(int64_t window) : window_(window) {}
+        const char* method() const override { return "recording"; }
+        int num_speculative_tokens() const override { return 2; }
+        int64_t context_window() const override { return window_; }
+        std::vector<int> feature_layers() const override { return {kFinalNormFeature}; }
+        void observe(const TargetHidden& hidden) override {
+            for (const TargetHidden::Sequence& s : hidden.sequences)
+                if (!first_.count(s.seq)) first_[s.seq] = s.start_position;
+        }
+        std::vector<std::vector<int32_t>> propose(std::span<const DraftRequest> requests) override {
+            return std::vector<std::vector<int32_t>>(requests.size());
+        }
+        std::map<int, int64_t> first_;  // seq → first observed position (kept after release)
+
+    private:
+        int64_t window_;
+    };
+    std::vector<int32_t> prompt;
+    while (prompt.size() < 61) prompt.insert(prompt.end(), fixture_.prompt.begin(), fixture_.prompt.end());
+    prompt.resize(61);
+    const int64_t window = 20;
+    for (int64_t drafter_window : {int64_t(0), window}) {
+        Recording drafter(drafter_window);
+        RunnerOptions options = pool(512, /*prefix_caching=*/true);
+        options.feature_layers = drafter.feature_layers();
+        Runner runner(*loaded_->model, *loaded_->backend, options);
+        run_all(runner, {prompt}, {1, 4096, 0}, 4, &drafter);  // warms the cache (request id 1)
+        std::unique_ptr<Engine> engine = make_engine(runner, {1, 4096, 0}, &drafter);
+        const uint64_t id = engine->submit(prompt, {}, 1);  // id 1 again in a new engine: forget the first
+        drafter.first_.clear();
+        engine->step();  // the prefill: the drafter's first observation of this request
+        const int64_t hit = engine->stats().prefix_hit_tokens;
+        ASSERT_GT(hit, 0) << "no prefix-cache hit to hold back from";
+        ASSERT_TRUE(drafter.first_.count(int(id)));
+        EXPECT_EQ(drafter.first_.at(int(id)), hit);  // the drafter sees exactly what was computed
+        if (drafter_window > 0) EXPECT_LE(hit, int64_t(prompt.size()) - window);
+        else EXPECT_GT(hit, int64_t(prompt.size()) - window) << "the control: without a window the hit is longer";
+        while (engine->has_work()) engine->step();
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpecEngineTest,
                          ::testing::Values("qwen3_f32", "qwen3_moe_f32", "mimo_native_f32", "mimo_hub_f32",
                                            "mimo_hub_fp8"));
