@@ -483,8 +483,13 @@ TEST(DFlashKv, PoolSizeReleaseAndLostSequences) {
     DraftRequest unknown{9, tokens, 7};
     EXPECT_TRUE(d->propose(std::span(&unknown, 1)).at(0).empty());
 
-    // A gap (observation starting past the context) loses the sequence until release.
-    observe_rows(*d, 6, features, 10, 20, tokens);
+    // An all-sliding drafter may start observing mid-context (after a prefix-cache hit)...
+    observe_rows(*d, 7, features, 10, 20, tokens);
+    EXPECT_EQ(d->context_length(7), 20);
+    d->release(7);
+    // ...but a later gap (observation starting past the context) loses the sequence until release.
+    observe_rows(*d, 6, features, 0, 10, tokens);
+    observe_rows(*d, 6, features, 15, 20, tokens);
     EXPECT_EQ(d->context_length(6), -2);
     DraftRequest lost{6, std::span(tokens).first(21), 7};
     EXPECT_TRUE(d->propose(std::span(&lost, 1)).at(0).empty());
