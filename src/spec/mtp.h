@@ -79,6 +79,9 @@ public:
     void observe(const TargetHidden& hidden) override;
     std::vector<std::vector<int32_t>> propose(std::span<const DraftRequest> requests) override;
     void release(int seq) override;
+    // Every head must have observed a sequence from position 0 (a sequence first seen mid-context,
+    // after a prefix-cache hit, gets no drafts; its output is unchanged).
+    int64_t context_window() const override { return -1; }
 
     // Debug/test hook: with a tap set, every head forward also computes logits for ALL its rows
     // and reports them as ("mtp_logits", head, [rows, vocab] f32) from observe() and
