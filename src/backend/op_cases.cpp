@@ -336,6 +336,22 @@ OpCase moe_route_case(const RouteSpec& s) {
                      });
 }
 
+// MOE_EXPERTS routing inputs: each token's top_k distinct experts (src 1) and weights summing
+// to 1 (src 2), as a router with norm_topk_prob would give them.
+void push_routing(CaseData& d, int64_t T, int64_t E, int64_t top_k, std::mt19937& rng) {
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    for (int64_t t = 0; t < T; ++t) {
+        const std::vector<int32_t> chosen = distinct(E, top_k, rng);
+        ids.insert(ids.end(), chosen.begin(), chosen.end());
+        std::vector<float> w = uniform(top_k, rng, 0.1f, 1.f);
+        const float sum = std::accumulate(w.begin(), w.end(), 0.f);
+        for (float v : w) weights.push_back(v / sum);
+    }
+    d.tensors.push_back(i32_input("ids", src(1), {T, top_k}, ids));
+    d.tensors.push_back(fixed_values("weights", src(2), DType::f32, {T, top_k}, weights));
+}
+
 OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, DType w_dtype, uint32_t seed) {
     return make_case(XINFER_OP_MOE_EXPERTS,
                      fmt::format("moe_experts(T={}, H={}, I={}, E={}, top_k={}, w={})", T, H, I, E, top_k,
@@ -344,17 +360,7 @@ OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_
                          std::mt19937 rng(seed);
                          CaseData d = start(XINFER_OP_MOE_EXPERTS);
                          d.tensors.push_back(act_input("x", src(0), {T, H}, rng));
-                         std::vector<int32_t> ids;
-                         std::vector<float> weights;
-                         for (int64_t t = 0; t < T; ++t) {
-                             const std::vector<int32_t> chosen = distinct(E, top_k, rng);
-                             ids.insert(ids.end(), chosen.begin(), chosen.end());
-                             std::vector<float> w = uniform(top_k, rng, 0.1f, 1.f);
-                             const float sum = std::accumulate(w.begin(), w.end(), 0.f);
-                             for (float v : w) weights.push_back(v / sum);
-                         }
-                         d.tensors.push_back(i32_input("ids", src(1), {T, top_k}, ids));
-                         d.tensors.push_back(fixed_values("weights", src(2), DType::f32, {T, top_k}, weights));
+                         push_routing(d, T, E, top_k, rng);
                          const float a_gate = std::sqrt(3.f / float(H)) * 2.f, a_down = std::sqrt(3.f / float(I));
                          d.tensors.push_back(fixed_input("gate_up", src(3), w_dtype, {E, 2 * I, H}, rng, -a_gate, a_gate));
                          d.tensors.push_back(fixed_input("down", src(4), w_dtype, {E, H, I}, rng, -a_down, a_down));
@@ -400,17 +406,7 @@ OpCase moe_experts_fp8_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t 
                          d.op.params.matmul.block_rows = int32_t(br);
                          d.op.params.matmul.block_cols = int32_t(bc);
                          d.tensors.push_back(act_input("x", src(0), {T, H}, rng));
-                         std::vector<int32_t> ids;
-                         std::vector<float> weights;
-                         for (int64_t t = 0; t < T; ++t) {
-                             const std::vector<int32_t> chosen = distinct(E, top_k, rng);
-                             ids.insert(ids.end(), chosen.begin(), chosen.end());
-                             std::vector<float> w = uniform(top_k, rng, 0.1f, 1.f);
-                             const float sum = std::accumulate(w.begin(), w.end(), 0.f);
-                             for (float v : w) weights.push_back(v / sum);
-                         }
-                         d.tensors.push_back(i32_input("ids", src(1), {T, top_k}, ids));
-                         d.tensors.push_back(fixed_values("weights", src(2), DType::f32, {T, top_k}, weights));
+                         push_routing(d, T, E, top_k, rng);
                          const float a_gate = std::sqrt(3.f / float(H)) * 2.f, a_down = std::sqrt(3.f / float(I));
                          push_fp8_expert(d, "gate_up", 3, 5, E, 2 * I, H, br, bc, a_gate, rng);
                          push_fp8_expert(d, "down", 4, 6, E, H, I, br, bc, a_down, rng);
