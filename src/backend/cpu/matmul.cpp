@@ -37,10 +37,15 @@ constexpr int64_t kGemmMinTokens = 32;
 // 4 for every T < 32 with AVX-512, even where the 4-token tiles spill a few registers.
 constexpr int kGemvRows = kRegisters >= 32 ? 8 : 4;
 constexpr int kGemvTokens = 4;  // tokens sharing each loaded weight vector
-// Software prefetch distance along each weight row. The hardware prefetchers alone leave ~10%
-// of the read bandwidth unused with 4-8 concurrent streams per core on the reference machine.
-constexpr int kPrefetchBytes = 512;
+// Weight prefetch: each of a tile's row streams prefetches kPrefetchElements ahead into L2, and
+// past its row's end continues at the same offset of the row one tile further on. A thread's
+// rows are contiguous, so for short rows (K = 1024 bf16: 2 KiB) this is the next tile, which the
+// hardware prefetchers do not reach because each row stream ends early. On the reference VM
+// (Qwen3-0.6B dummy decode) the next-tile rule ran ~8% faster than a 512-byte same-row L1
+// prefetch in back-to-back runs (20.6/19.4 vs 18.4/18.0 tokens/s); Qwen3-1.7B (K = 2048) stayed
+// within noise.
 constexpr int64_t kPairElements = 2 * kLanes;
+constexpr int64_t kPrefetchElements = 1024;
 
 // y[t, r] for kTokens tokens × kRows rows over the full K. xp is x with each full chunk of
 // kPairElements in Weight::load_pair order (permute_pairs), the tail in natural order.
@@ -55,7 +60,11 @@ void gemv_tile(const float* xp /*[kTokens, ldx]*/, int64_t ldx, const typename W
         VecF wa[kRows], wb[kRows];
 #pragma GCC unroll 8
         for (int r = 0; r < kRows; ++r) {
-            __builtin_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, 0, 3);
+            // See "Weight prefetch" above.
+            const int64_t k_ahead = k + kPrefetchElements;
+            const char* ahead = reinterpret_cast<const char*>(
+                k_ahead < K ? w + r * K + k_ahead : w + (r + kRows) * K + (k_ahead - K));
+            for (size_t line = 0; line < kPairElements * sizeof(*w); line += 64) __builtin_prefetch(ahead + line, 0, 2);
             Weight::load_pair(w + r * K + k, wa[r], wb[r]);
         }
 #pragma GCC unroll 4
