@@ -201,6 +201,34 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
                 per_position));
         }
     }
+    if (!options.profile.empty()) {
+        // A separate pass after the timed levels, since profiled steps run eagerly: the highest
+        // concurrency's requests, profiled over decode-only steps once every prompt is in.
+        constexpr int kProfiledSteps = 8;
+        std::vector<uint64_t> ids;
+        for (int i = 0; i < max_concurrency; ++i) {
+            std::vector<int32_t> prompt(size_t(options.input_len));
+            for (int32_t& t : prompt) t = token(rng);
+            ids.push_back(engine->submit(std::move(prompt), {}, int(options.output_len)));
+        }
+        int profiled = 0;
+        size_t emitting = 0;  // requests that got a token in the last step: all of them once every prefill is done
+        while (engine->has_work() && profiled < kProfiledSteps) {
+            const bool decoding = emitting == ids.size();
+            if (decoding && profiled == 0) engine->start_profile();
+            const std::vector<RequestOutput> outputs = engine->step();
+            profiled += decoding;
+            emitting = size_t(std::count_if(outputs.begin(), outputs.end(),
+                                            [](const RequestOutput& o) { return !o.new_tokens.empty(); }));
+        }
+        if (profiled == 0) fail("--profile: the requests finished before a decode step (raise --output-len)");
+        const std::string summary = engine->stop_profile(options.profile);
+        for (uint64_t id : ids) engine->abort(id);
+        while (engine->has_work()) engine->step();
+        fmt::print("\nprofile of {} decode steps at concurrency {} (eager; timings include profiling overhead):\n{}"
+                   "wrote {}\n",
+                   profiled, max_concurrency, summary, options.profile);
+    }
     if (!spec_rows.empty()) {
         fmt::print("\nspeculative decoding (drafts = verify chains; acceptance length = tokens per verify step):\n");
         fmt::print("| concurrency | method | drafts | draft tokens | accepted | mean acceptance length | acceptance rate "

@@ -15,6 +15,7 @@ struct ServingBenchOptions {
     std::string kv_cache_dtype = "auto";
     uint64_t seed = 0;
     std::string speculative_config;  // JSON or empty
+    std::string profile;             // Chrome trace of decode steps at the highest concurrency, or empty
 };
 
 void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& options);

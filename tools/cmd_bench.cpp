@@ -65,12 +65,17 @@ void add_bench_command(CLI::App& app) {
         ->default_val(20);
     cmd->callback([options] {
         if (options->serving.concurrency.empty() && !options->serving.speculative_config.empty()) {
+            if (!options->profile.empty())
+                fail("--profile is not available for the speculative step benchmark (without --concurrency); profile "
+                     "speculative steps with `xinfer generate --speculative-config ... --profile FILE` or "
+                     "`xinfer bench --concurrency ... --speculative-config ... --profile FILE`");
             run_spec_bench(options->model, {options->serving.speculative_config, options->prompt_len,
                                             options->verify_iterations, options->seed});
             return;
         }
         if (!options->serving.concurrency.empty()) {
             options->serving.seed = options->seed;
+            options->serving.profile = options->profile;
             run_serving_bench(options->model, options->serving);
             return;
         }

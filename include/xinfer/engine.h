@@ -119,6 +119,13 @@ public:
     // The memory plan the engine started from (`xinfer plan`'s text).
     const std::string& plan_report() const;
 
+    // Op-level profile (src/runtime/profiler.h) of every step from start_profile() to
+    // stop_profile(), each step a region of the trace. Profiled steps run eagerly (a replayed
+    // graph would hide its ops), so they are slower than unprofiled ones. stop_profile() writes
+    // the Chrome trace to trace_path and returns the per-op summary table.
+    void start_profile();
+    std::string stop_profile(const std::string& trace_path);
+
     struct Impl;
     explicit Engine(std::unique_ptr<Impl> impl);
 

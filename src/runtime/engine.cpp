@@ -5,10 +5,34 @@
 #include "runtime/memory_plan.h"
 #include "spec/verify.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 
 namespace xinfer {
 namespace {
+
+// A profiled step's region on the trace: "step N: S seqs, T tokens (D decoding)".
+class ProfileRegion {
+public:
+    ProfileRegion(Profiler* profiler, int64_t step, const std::vector<ScheduledChunk>& plan) : profiler_(profiler) {
+        if (!profiler_) return;
+        int64_t tokens = 0, decoding = 0;
+        for (const ScheduledChunk& c : plan) {
+            tokens += c.count;
+            decoding += c.samples && c.count == 1;
+        }
+        profiler_->begin_region(fmt::format("step {}: {} seqs, {} tokens ({} decoding)", step, plan.size(), tokens, decoding));
+    }
+    ~ProfileRegion() {
+        if (profiler_) profiler_->end_region();
+    }
+    ProfileRegion(const ProfileRegion&) = delete;
+    ProfileRegion& operator=(const ProfileRegion&) = delete;
+
+private:
+    Profiler* profiler_;
+};
 
 double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
@@ -165,6 +189,7 @@ std::vector<RequestOutput> Engine::step() {
     if (e.drafter)
         for (uint64_t id : e.scheduler->take_preempted()) e.drafter->release(int(id));
     if (plan.empty()) return outputs;
+    ProfileRegion region(e.profiler.get(), e.steps, plan);
 
     // A decode with drafts verifies the chain [anchor, d1 … dk] and needs logits for every row.
     const std::vector<std::vector<int32_t>> drafts = e.propose(plan);
@@ -262,5 +287,20 @@ EngineStats Engine::stats() const {
 }
 
 const std::string& Engine::plan_report() const { return impl_->plan_report; }
+
+void Engine::start_profile() {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->profiler) fail("start_profile: a profile is already running");
+    impl_->profiler = std::make_unique<Profiler>(impl_->runner->backend());
+}
+
+std::string Engine::stop_profile(const std::string& trace_path) {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (!impl_->profiler) fail("stop_profile: no profile is running (call start_profile first)");
+    std::unique_ptr<Profiler> profiler = std::move(impl_->profiler);
+    profiler->stop();
+    profiler->write_chrome_trace(trace_path);
+    return profiler->summary();
+}
 
 }  // namespace xinfer

@@ -2,6 +2,7 @@
 // model → engine) and in-tree users that already hold a Runner (generate(), tests).
 #pragma once
 
+#include "runtime/profiler.h"
 #include "runtime/runner.h"
 #include "runtime/scheduler.h"
 #include "spec/drafter.h"
@@ -32,6 +33,7 @@ struct Engine::Impl {
     std::vector<RequestOutput> pending;  // abort events, returned by the next step()
     int64_t steps = 0;
     SpecCounters spec;
+    std::unique_ptr<Profiler> profiler;  // between start_profile() and stop_profile()
 
     mutable std::mutex inbox_mutex;  // submit() only takes this one, so it never waits for a step
     std::vector<std::unique_ptr<Request>> inbox;

@@ -113,6 +113,35 @@ TEST(Cli, GenerateProfileWritesChromeTrace) {
     std::filesystem::remove(trace);
 }
 
+TEST(Cli, ServingBenchProfilesDecodeSteps) {
+    const Fixture f = load_fixture("qwen3_f32");
+    const std::filesystem::path trace = std::filesystem::temp_directory_path() / "xinfer_test_serving_trace.json";
+    CommandResult run = run_xinfer(fmt::format("bench --model {} --concurrency 1,3 --input-len 40 --output-len 12 "
+                                               "--max-num-batched-tokens 32 --profile {}",
+                                               f.dir.string(), trace.string()));
+    ASSERT_EQ(run.status, 0) << run.output;
+    EXPECT_NE(run.output.find("profile of 8 decode steps at concurrency 3"), std::string::npos) << run.output;
+    const nlohmann::json json = nlohmann::json::parse(std::ifstream(trace));
+    // One region per step, each a decode of all three requests (chunked prefill finished first),
+    // and every layer's attention inside each.
+    std::vector<std::string> regions;
+    size_t attention_events = 0;
+    for (const auto& event : json.at("traceEvents")) {
+        const std::string name = event.at("name").get<std::string>();
+        if (event.value("cat", "") == "op") attention_events += name.starts_with("attention L");
+        else if (event.value("ph", "") == "X") regions.push_back(name);
+    }
+    ASSERT_EQ(regions.size(), 8u);
+    for (const std::string& region : regions) EXPECT_NE(region.find("3 seqs, 3 tokens (3 decoding)"), std::string::npos) << region;
+    EXPECT_EQ(attention_events, 8 * read_model_config(*Checkpoint::open(f.dir, false)).layers.size());
+    std::filesystem::remove(trace);
+
+    CommandResult spec = run_xinfer(fmt::format("bench --model {} --speculative-config '{{\"method\":\"ngram\"}}' --profile {}",
+                                                f.dir.string(), trace.string()));
+    EXPECT_NE(spec.status, 0);
+    EXPECT_NE(spec.output.find("--profile is not available"), std::string::npos) << spec.output;
+}
+
 TEST(Cli, InfoPrintsPerLayerTable) {
     CommandResult run = run_xinfer(fmt::format("info --model {}", fixture_dir("mimo_hub_fp8").string()));
     ASSERT_EQ(run.status, 0) << run.output;
