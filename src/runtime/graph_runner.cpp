@@ -204,7 +204,7 @@ void DecodeGraphs::capture(Bucket& bucket) {
     }
 }
 
-std::optional<std::vector<float>> DecodeGraphs::forward(std::span<const SequenceChunk> chunks) {
+std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunks) {
     const int n = int(chunks.size());
     const int size = pick_graph_batch(sizes_, n);
     if (size == 0 || !is_plain_decode(chunks)) return std::nullopt;
@@ -230,11 +230,7 @@ std::optional<std::vector<float>> DecodeGraphs::forward(std::span<const Sequence
         capture(bucket);
         ++stats_.capture_steps;
     }
-    const int64_t vocab = model_.config().vocab_size;
-    std::vector<float> host(size_t(n) * size_t(vocab));
-    backend_.download(logits_for(n), host.data());
-    backend_.synchronize();
-    return host;
+    return logits_for(n);
 }
 
 int DecodeGraphs::capture_all() {

@@ -99,10 +99,10 @@ public:
     DecodeGraphs& operator=(const DecodeGraphs&) = delete;
 
     // Runs a plain decode step (pages allocated in kv) through its bucket's graph, capturing it
-    // first if needed; returns host logits [chunks.size(), vocab]. nullopt when the step does not
-    // fit a graph (too many sequences, a sequence beyond max_seq_len, a failed capture): the
-    // caller runs it eagerly.
-    std::optional<std::vector<float>> forward(std::span<const SequenceChunk> chunks);
+    // first if needed; returns the device logits [chunks.size(), vocab] (valid until the next
+    // step; not synchronized). nullopt when the step does not fit a graph (too many sequences, a
+    // sequence beyond max_seq_len, a failed capture): the caller runs it eagerly.
+    std::optional<Tensor> forward(std::span<const SequenceChunk> chunks);
     // Captures every bucket not captured yet, each from an eager run of an all-inert batch
     // (writes no K/V), as vLLM does at startup. Returns the number captured.
     int capture_all();
@@ -134,7 +134,7 @@ private:
     std::vector<Bucket> buckets_;           // [sizes_.size()]
     Buffer metadata_;                       // int32 [largest bucket's layout.size]
     Buffer logits_;                         // f32 [largest bucket, vocab]
-    std::vector<int32_t> staging_;          // host copy of the step's metadata (alive until the download syncs)
+    std::vector<int32_t> staging_;          // host copy of the step's metadata (alive until the caller's download syncs)
     GraphStats stats_;
 };
 

@@ -92,11 +92,38 @@ DecodeGraphs& Runner::decode_graphs() {
 int Runner::capture_graphs() { return graphs_enabled_ ? decode_graphs().capture_all() : 0; }
 
 std::vector<float> Runner::forward(std::span<const SequenceChunk> chunks, const TapFn& tap) {
+    return download_logits(forward_on_device(chunks, tap));
+}
+
+std::vector<float> Runner::download_logits(const Tensor& logits) {
+    std::vector<float> host(size_t(logits.numel()));
+    backend_.download(logits, host.data());
+    backend_.synchronize();
+    unsynchronized_ = false;
+    return host;
+}
+
+std::vector<int32_t> Runner::argmax_rows(const Tensor& logits) {
+    const int64_t rows = logits.dim(0);
+    if (argmax_ids_.bytes() < size_t(rows) * sizeof(int32_t)) argmax_ids_ = backend_.alloc(size_t(rows) * sizeof(int32_t));
+    const Tensor ids(argmax_ids_.data(), DType::i32, {rows});  // [n_out]
+    backend_.argmax(logits, ids);
+    std::vector<int32_t> host(static_cast<size_t>(rows));
+    backend_.download(ids, host.data());
+    backend_.synchronize();
+    unsynchronized_ = false;
+    return host;
+}
+
+Tensor Runner::forward_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap) {
     XINFER_CHECK(!chunks.empty(), "empty step");
+    // The previous step's uploads read host memory this step overwrites.
+    if (unsynchronized_) backend_.synchronize();
+    unsynchronized_ = true;
     // Plain decode steps replay their bucket's graph; a graph would hide taps, the feature
     // copies and per-op observation, so those steps run eagerly.
     if (graphs_enabled_ && !tap && feature_layers_.empty() && !backend_.has_op_observer() && is_plain_decode(chunks))
-        if (std::optional<std::vector<float>> logits = decode_graphs().forward(chunks)) return std::move(*logits);
+        if (std::optional<Tensor> logits = decode_graphs().forward(chunks)) return *logits;
     const KvLayout& layout = kv_.layout();
     std::vector<int32_t> token_ids, positions, cu_q_lens{0}, kv_lens, logit_rows;
     for (const SequenceChunk& chunk : chunks) {
@@ -116,14 +143,14 @@ std::vector<float> Runner::forward(std::span<const SequenceChunk> chunks, const 
     const int n_tokens = int(token_ids.size()), n_seqs = int(chunks.size());
 
     // Host metadata → backend tensors in the step workspace. Uploads are stream-ordered, so
-    // the host vectors are kept until the step's synchronize.
+    // the host vectors are kept until the step's synchronize (in download_logits/argmax_rows).
     workspace_.reset();
-    std::vector<std::vector<int32_t>> host_metadata;
-    host_metadata.reserve(5 + 2 * layout.groups.size());
+    host_metadata_.clear();
+    host_metadata_.reserve(5 + 2 * layout.groups.size());
     auto upload = [&](std::vector<int32_t> host, std::initializer_list<int64_t> dims) {
         Tensor t = workspace_.make(DType::i32, dims);
-        host_metadata.push_back(std::move(host));
-        backend_.upload(t, host_metadata.back().data());
+        host_metadata_.push_back(std::move(host));
+        backend_.upload(t, host_metadata_.back().data());
         return t;
     };
 
@@ -171,10 +198,7 @@ std::vector<float> Runner::forward(std::span<const SequenceChunk> chunks, const 
     Tensor logits = workspace_.make(DType::f32, {n_out, vocab});
     model_.forward(batch, logits);
     if (!feature_layers_.empty()) gather_features(n_tokens);
-    std::vector<float> host(size_t(logits.numel()));
-    backend_.download(logits, host.data());
-    backend_.synchronize();
-    return host;
+    return logits;
 }
 
 // Each exported layer's output is copied, as the forward reaches it, into a layer-major staging

@@ -39,15 +39,17 @@ int32_t draw_without(const std::vector<int32_t>& ids, const std::vector<double>&
 
 Verdict verify_greedy(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts) {
     check_shapes(logits, vocab, drafts);
-    Verdict verdict;
-    for (size_t i = 0;; ++i) {
-        const int32_t target = argmax(row(logits, vocab, i));
-        if (i == drafts.size() || drafts[i] != target) {
-            verdict.accepted = int(i);
-            verdict.next_token = target;
-            return verdict;
-        }
-    }
+    std::vector<int32_t> target_ids(drafts.size() + 1);
+    for (size_t i = 0; i < target_ids.size(); ++i) target_ids[i] = argmax(row(logits, vocab, i));
+    return verify_greedy_ids(target_ids, drafts);
+}
+
+Verdict verify_greedy_ids(std::span<const int32_t> target_ids, std::span<const int32_t> drafts) {
+    XINFER_CHECK(target_ids.size() == drafts.size() + 1, "verify: {} target ids for {} drafts + 1 rows",
+                 target_ids.size(), drafts.size());
+    size_t accepted = 0;
+    while (accepted < drafts.size() && drafts[accepted] == target_ids[accepted]) ++accepted;
+    return {int(accepted), target_ids[accepted]};
 }
 
 Verdict verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts, Sampler& sampler) {

@@ -27,6 +27,8 @@ struct Verdict {
 
 // logits: [k + 1, vocab] row-major f32; drafts: k tokens.
 Verdict verify_greedy(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts);
+// The same from each row's argmax (target_ids: k + 1 ids), as a device argmax produces them.
+Verdict verify_greedy_ids(std::span<const int32_t> target_ids, std::span<const int32_t> drafts);
 // Dispatches on the sampler: greedy when its temperature is 0, else rejection sampling drawing
 // from its random stream.
 Verdict verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts, Sampler& sampler);
