@@ -501,7 +501,7 @@ __device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-template <bool kFp8, int kNT, int kU, bool kPipe>
+template <bool kFp8, int kNT, int kU>
 __global__ void __launch_bounds__(kGateWarps * 32, 2)
     moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
                                const void* gate_up /*[E, 2I, H]*/, const float* scale /*[E, srows, scols] or null*/,
@@ -547,29 +547,19 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
 #pragma unroll
             for (int r = 0; r < 4; ++r) ag[nt][r] = au[nt][r] = 0.f;
 
-        // This warp's chunks of H: kb = half·kStep + i·2·kStep. With kPipe the next chunk's weight
-        // loads are issued before this chunk's mma work, so every warp keeps weight bytes in
-        // flight while it computes (many pairs per expert make the compute phase long).
-        uint4 wg0[kU], wg1[kU], wu0[kU], wu1[kU];
-        const auto load_weights = [&](int64_t kb, uint4(&g0)[kU], uint4(&g1)[kU], uint4(&u0)[kU], uint4(&u1)[kU]) {
+        for (int64_t kb = half * kStep; active && kb < H; kb += 2 * kStep) {
+            uint4 wg0[kU], wg1[kU], wu0[kU], wu1[kU];
 #pragma unroll
             for (int u = 0; u < kU; ++u) {
                 const int64_t col = kb + u * kChunk + c * kLaneCols;
                 if (col < H) {
-                    g0[u] = load_stream16(gate0 + col * kBytes);
-                    g1[u] = load_stream16(gate1 + col * kBytes);
-                    u0[u] = load_stream16(up0 + col * kBytes);
-                    u1[u] = load_stream16(up1 + col * kBytes);
+                    wg0[u] = load_stream16(gate0 + col * kBytes);
+                    wg1[u] = load_stream16(gate1 + col * kBytes);
+                    wu0[u] = load_stream16(up0 + col * kBytes);
+                    wu1[u] = load_stream16(up1 + col * kBytes);
                 } else {
-                    g0[u] = g1[u] = u0[u] = u1[u] = make_uint4(0, 0, 0, 0);
+                    wg0[u] = wg1[u] = wu0[u] = wu1[u] = make_uint4(0, 0, 0, 0);
                 }
-            }
-        };
-        if (active && half * kStep < H) load_weights(half * kStep, wg0, wg1, wu0, wu1);
-        for (int64_t kb = half * kStep; active && kb < H; kb += 2 * kStep) {
-            uint4 ng0[kU], ng1[kU], nu0[kU], nu1[kU];
-            if constexpr (kPipe) {
-                if (kb + 2 * kStep < H) load_weights(kb + 2 * kStep, ng0, ng1, nu0, nu1);
             }
 #pragma unroll
             for (int u = 0; u < kU; ++u) {
@@ -604,12 +594,6 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                     }
                 }
             }
-            if constexpr (kPipe) {
-#pragma unroll
-                for (int u = 0; u < kU; ++u) wg0[u] = ng0[u], wg1[u] = ng1[u], wu0[u] = nu0[u], wu1[u] = nu1[u];
-            } else if (kb + 2 * kStep < H) {
-                load_weights(kb + 2 * kStep, wg0, wg1, wu0, wu1);
-            }
         }
         if (half == 1) {
 #pragma unroll
@@ -641,7 +625,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     }
 }
 
-template <bool kFp8, int kNT, int kU, bool kPipe>
+template <bool kFp8, int kNT, int kU>
 __global__ void __launch_bounds__(kDownWarps * 32, 2)
     moe_grouped_down_kernel(const __nv_bfloat16* h /*[P, I]*/, const int32_t* ids /*[T, top_k]*/,
                             const float* weights /*[T, top_k]*/, int T, int top_k, int E,
@@ -676,26 +660,17 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
             for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
                 for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
-            // As in the gate_up kernel: with kPipe the next chunk's loads go out before this one's mma work.
-            uint4 a0[kU], a1[kU];
-            const auto load_weights = [&](int64_t kb, uint4(&r0w)[kU], uint4(&r1w)[kU]) {
+            for (int64_t kb = 0; kb < I; kb += int64_t(kChunk) * kU) {
+                uint4 a0[kU], a1[kU];
 #pragma unroll
                 for (int u = 0; u < kU; ++u) {
                     const int64_t col = kb + u * kChunk + c * kLaneCols;
                     if (col < I) {
-                        r0w[u] = load_stream16(w0 + col * kBytes);
-                        r1w[u] = load_stream16(w1 + col * kBytes);
+                        a0[u] = load_stream16(w0 + col * kBytes);
+                        a1[u] = load_stream16(w1 + col * kBytes);
                     } else {
-                        r0w[u] = r1w[u] = make_uint4(0, 0, 0, 0);
+                        a0[u] = a1[u] = make_uint4(0, 0, 0, 0);
                     }
-                }
-            };
-            constexpr int64_t kStep = int64_t(kChunk) * kU;
-            load_weights(0, a0, a1);
-            for (int64_t kb = 0; kb < I; kb += kStep) {
-                uint4 n0[kU], n1[kU];
-                if constexpr (kPipe) {
-                    if (kb + kStep < I) load_weights(kb + kStep, n0, n1);
                 }
 #pragma unroll
                 for (int u = 0; u < kU; ++u) {
@@ -720,12 +695,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                             f.mma(acc[nt], xw);
                         }
                     }
-                }
-                if constexpr (kPipe) {
-#pragma unroll
-                    for (int u = 0; u < kU; ++u) a0[u] = n0[u], a1[u] = n1[u];
-                } else if (kb + kStep < I) {
-                    load_weights(kb + kStep, a0, a1);
                 }
             }
 #pragma unroll
@@ -799,24 +768,15 @@ struct GroupedArgs {
     int out_dtype;
 };
 
-// XINFER_CUDA_MOE_PIPE=0: no weight-load pipelining in the 4-tile (many pairs per expert) kernels.
-int moe_pipe_mode() {
-    static const int mode = std::getenv("XINFER_CUDA_MOE_PIPE") ? std::atoi(std::getenv("XINFER_CUDA_MOE_PIPE")) : 1;
-    return mode;
-}
-
 template <bool kFp8, int kNT>
 int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     constexpr int kU = kNT == 1 || (kNT == 2 && !kFp8) ? 4 : 2;  // 16-byte loads per row in flight (registers)
     const int P = a.T * a.top_k;
     const size_t smem = size_t(moe_plan_ints(P, a.E)) * 4;
     const dim3 grid(unsigned(ceil_div(a.I, 16 * kGateTiles)), unsigned(std::min(P, a.E)));
-    auto kernel = kNT == 4 && moe_pipe_mode() == 1   ? moe_grouped_gate_up_kernel<kFp8, kNT, kU, kNT == 4>
-                  : kNT == 4 && moe_pipe_mode() == 2 ? moe_grouped_gate_up_kernel<kFp8, kNT, 1, kNT == 4>
-                                                     : moe_grouped_gate_up_kernel<kFp8, kNT, kU, false>;
-    kernel<<<grid, kGateWarps * 32, smem, c->stream>>>(a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale,
-                                                       a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols,
-                                                       a.I, a.H, a.h);
+    moe_grouped_gate_up_kernel<kFp8, kNT, kU><<<grid, kGateWarps * 32, smem, c->stream>>>(
+        a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale, a.gu_scale_rows, a.gu_scale_cols, a.block_rows,
+        a.block_cols, a.I, a.H, a.h);
     XCUDA_CHECK_LAUNCH(c, "moe_grouped_gate_up_kernel");
     return XINFER_OK;
 }
@@ -836,9 +796,7 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = moe_pdl_enabled() ? 1 : 0;
-    auto kernel = kNT == 4 && moe_pipe_mode() != 0 ? moe_grouped_down_kernel<kFp8, kNT, kU, kNT == 4>
-                                                 : moe_grouped_down_kernel<kFp8, kNT, kU, false>;
-    XCUDA_TRY(c, cudaLaunchKernelEx(&cfg, kernel, static_cast<const __nv_bfloat16*>(a.h),
+    XCUDA_TRY(c, cudaLaunchKernelEx(&cfg, moe_grouped_down_kernel<kFp8, kNT, kU>, static_cast<const __nv_bfloat16*>(a.h),
                                     a.ids, a.weights, a.T, a.top_k, a.E, a.down, a.down_scale, a.dn_scale_rows,
                                     a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.out, a.out_dtype));
     XCUDA_CHECK_LAUNCH(c, "moe_grouped_down_kernel");
