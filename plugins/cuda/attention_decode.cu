@@ -531,8 +531,10 @@ int attention_decode(Context* c, const xinfer_op* op) {
     int64_t key_span = int64_t(b.max_pages_per_seq) * b.page_size;
     if (ap.window > 0) key_span = std::min<int64_t>(key_span, (ap.causal ? 1 : 2) * int64_t(ap.window) + kRows);
     const int64_t target = 4 * int64_t(c->sm_count);
+    static const int64_t min_split_keys =
+        std::getenv("XINFER_CUDA_SPLIT_KEYS") ? std::atoi(std::getenv("XINFER_CUDA_SPLIT_KEYS")) : 2 * kTileKeys;
     const int n_split = int(std::clamp<int64_t>(
-        std::min(ceil_div(target, std::max<int64_t>(est_blocks, 1)), ceil_div(key_span, 2 * kTileKeys)), 1, 256));
+        std::min(ceil_div(target, std::max<int64_t>(est_blocks, 1)), ceil_div(key_span, min_split_keys)), 1, 256));
     a.n_split = n_split;
     if (n_split > 1) {
         ScratchPlan plan;
