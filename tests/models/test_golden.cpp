@@ -108,6 +108,9 @@ TEST_P(Golden, GreedyContinuationMatchesReference) {
 }
 
 // Sequences of different lengths decoded together get exactly the tokens each gets alone.
+// With bf16 activations a batch changes kernel tiling and so rounding, and these reversed prompts
+// have no margin guarantee, so there the tokens each sequence gets alone are fed to the batch
+// (teacher forcing) and every step's logits must agree within the bf16 tolerance instead.
 TEST_P(Golden, BatchedEqualsAlone) {
     std::vector<std::vector<int32_t>> prompts;
     for (size_t len : {fixture_.prompt.size(), fixture_.prompt.size() / 3 + 1, fixture_.prompt.size() * 2 / 3}) {
@@ -118,11 +121,47 @@ TEST_P(Golden, BatchedEqualsAlone) {
     GenerateOptions options;
     options.max_tokens = 12;
     Runner runner = make_runner();
-    GenerateResult together = generate(runner, prompts, options);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        GenerateResult alone = generate(runner, {prompts[i]}, options);
-        EXPECT_EQ(together.tokens[i], alone.tokens[0]) << "sequence " << i << " (prompt length " << prompts[i].size() << ")";
+    if (loaded_->model->activation_dtype() == DType::f32) {
+        GenerateResult together = generate(runner, prompts, options);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            GenerateResult alone = generate(runner, {prompts[i]}, options);
+            EXPECT_EQ(together.tokens[i], alone.tokens[0]) << "sequence " << i << " (prompt length " << prompts[i].size() << ")";
+        }
+        runner.kv().check_integrity();
+        return;
     }
+    // steps[i][s]: the logits row of sequence i at step s (prefill's last row, then each decode).
+    const auto run = [&](const std::vector<size_t>& seqs, const std::vector<std::vector<int32_t>>& tokens) {
+        std::vector<std::vector<std::vector<float>>> steps(prompts.size());
+        const size_t vocab = size_t(fixture_.vocab);
+        for (int s = 0; s <= options.max_tokens; ++s) {
+            std::vector<SequenceChunk> chunks;
+            for (size_t i : seqs) {
+                const std::span<const int32_t> input =
+                    s == 0 ? std::span<const int32_t>(prompts[i]) : std::span(tokens[i]).subspan(size_t(s - 1), 1);
+                chunks.push_back({int(i), s == 0 ? 0 : int64_t(prompts[i].size()) + s - 1, input, false});
+            }
+            const std::vector<float> logits = runner.step(chunks);
+            for (size_t c = 0; c < seqs.size(); ++c)
+                steps[seqs[c]].emplace_back(logits.begin() + long(c * vocab), logits.begin() + long((c + 1) * vocab));
+        }
+        for (size_t i : seqs) runner.release(int(i));
+        return steps;
+    };
+    std::vector<std::vector<int32_t>> tokens(prompts.size());
+    std::vector<std::vector<std::vector<float>>> alone(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        tokens[i] = generate(runner, {prompts[i]}, options).tokens[0];
+        alone[i] = std::move(run({i}, tokens)[i]);
+    }
+    const auto together = run({0, 1, 2}, tokens);
+    double worst = 0;
+    for (size_t i = 0; i < prompts.size(); ++i)
+        for (size_t s = 0; s < alone[i].size(); ++s)
+            worst = std::max(worst, relative_error(together[i][s].data(), alone[i][s].data(), alone[i][s].size()));
+    EXPECT_LE(worst, kDeviceTolerance) << "batched vs alone, teacher-forced";
+    std::cout << fmt::format("[ {:<8} ] {} on {}: batched vs alone (teacher-forced, {} steps): relative error {:.2e}\n",
+                             "batched", GetParam().name, test_device(), options.max_tokens + 1, worst);
     runner.kv().check_integrity();
 }
 
