@@ -115,15 +115,29 @@ void add_bench_command(CLI::App& app) {
         // Decode: greedy, one token per step.
         std::vector<int32_t> generated;
         generated.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-        start = now_seconds();
+        // Host memory is shared with the machine's neighbours, whose load moves the copy bandwidth
+        // by up to 1.6x within minutes (docs/perf/2026-11-30-cpu.md). There the decode runs in
+        // windows of kWindowSteps steps, each right after its own copy probe, and every window's
+        // fraction is reported against that probe (the probes are not timed).
+        constexpr int64_t kWindowSteps = 8;
+        const bool windows = backend.props().host_memory != 0 && !profiler;
+        std::vector<double> window_gbps, window_seconds;
+        double decode_seconds = 0;
         for (int64_t i = 0; i < options->gen_len; ++i) {
+            if (windows && i % kWindowSteps == 0) {
+                window_gbps.push_back(backend.measure_copy_bandwidth_gbps());
+                window_seconds.push_back(0);
+            }
             SequenceChunk chunk{0, options->prompt_len + i, std::span(generated).last(1), false};
             if (profiler) profiler->begin_region(fmt::format("decode step {}", i));
+            start = now_seconds();
             logits = runner.step(std::span(&chunk, 1));
+            const double step_seconds = now_seconds() - start;
+            decode_seconds += step_seconds;
+            if (windows) window_seconds.back() += step_seconds;
             if (profiler) profiler->end_region();
             generated.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
         }
-        const double decode_seconds = now_seconds() - start;
 
         const ParameterCounts params = count_parameters(config);
         const double prefill_tps = double(options->prompt_len) / prefill_seconds;
@@ -150,12 +164,32 @@ void add_bench_command(CLI::App& app) {
                    kv_bytes / 1e6, bytes_per_token / 1e6);
         fmt::print("decode achieved {:.2f} GB/s = {:.1f}% of measured bandwidth (roofline {:.2f} tokens/s)\n",
                    achieved_gbps, 100.0 * achieved_gbps / bandwidth_gbps, roofline_tps);
+        // Per window: steps · bytes / time over the copy bandwidth probed right before it.
+        std::vector<double> window_fractions;
+        for (size_t w = 0; w < window_seconds.size(); ++w) {
+            const int64_t steps = std::min(kWindowSteps, options->gen_len - int64_t(w) * kWindowSteps);
+            window_fractions.push_back(double(steps) * bytes_per_token / window_seconds[w] / (window_gbps[w] * 1e9));
+        }
+        double median_fraction = 0;
+        if (!window_fractions.empty()) {
+            std::vector<double> sorted = window_fractions;
+            std::sort(sorted.begin(), sorted.end());
+            const size_t mid = sorted.size() / 2;
+            median_fraction = sorted.size() % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+            std::string list;
+            for (size_t w = 0; w < window_fractions.size(); ++w)
+                list += fmt::format("{}{:.1f}% ({:.1f} GB/s)", w ? ", " : "", 100 * window_fractions[w], window_gbps[w]);
+            fmt::print("decode windows of {} steps vs the copy bandwidth probed right before each: {}; median {:.1f}%\n",
+                       kWindowSteps, list, 100 * median_fraction);
+        }
         nlohmann::json line = {{"prefill_tokens_per_s", prefill_tps},
                                {"decode_tokens_per_s", decode_tps},
                                {"decode_bytes_per_token", bytes_per_token},
                                {"copy_bandwidth_gbps", bandwidth_gbps},
                                {"decode_bandwidth_fraction", achieved_gbps / bandwidth_gbps},
                                {"decode_graphs", runner.graphs_enabled()},
+                               {"decode_window_fractions", window_fractions},
+                               {"decode_window_median_fraction", median_fraction},
                                {"prefill_gflops", prefill_gflops}};
         fmt::print("{}\n", line.dump());
         if (profiler) {
