@@ -477,11 +477,12 @@ void launch_stream_rows(const StreamGemv& p, dim3 grid, cudaStream_t stream) {
 
 // XINFER_CUDA_DENSE_GEMV=0 restores the previous routing (cuBLASLt for bf16/f32 weights, gemv_kernel
 // for f8), =all sends every fitting T ≤ 8 matmul to the streaming GEMV; unset: the fixed rule below.
-int dense_gemv_mode() {  // 0 off, 1 rule, 2 all
+int dense_gemv_mode() {  // 0 off, 1 rule, 2 all, 3 one-token bf16/f8 only (measuring)
     static const int mode = [] {
         const char* v = std::getenv("XINFER_CUDA_DENSE_GEMV");
         if (v && std::strcmp(v, "0") == 0) return 0;
         if (v && std::strcmp(v, "all") == 0) return 2;
+        if (v && std::strcmp(v, "t1") == 0) return 3;
         return 1;
     }();
     return mode;
@@ -495,6 +496,7 @@ bool dense_gemv_enabled() { return dense_gemv_mode() != 0; }
 // with 512 < N·K/4096 ≤ 1536 (k/v, where gemv_kernel was 0.7-1.5 µs faster). f32 (routers): always.
 bool stream_gemv_wins(int64_t T, int64_t N, int64_t K, int w_dtype) {
     if (dense_gemv_mode() == 2) return true;
+    if (dense_gemv_mode() == 3 && w_dtype != XINFER_DTYPE_F32) return T == 1;
     const int64_t elems = N * K;
     switch (w_dtype) {
         case XINFER_DTYPE_BF16: return T == 1 || elems <= 1536 * 4096;
