@@ -477,12 +477,11 @@ void launch_stream_rows(const StreamGemv& p, dim3 grid, cudaStream_t stream) {
 
 // XINFER_CUDA_DENSE_GEMV=0 restores the previous routing (cuBLASLt for bf16/f32 weights, gemv_kernel
 // for f8), =all sends every fitting T ≤ 8 matmul to the streaming GEMV; unset: the fixed rule below.
-int dense_gemv_mode() {  // 0 off, 1 rule, 2 all, 3 one-token bf16/f8 only (measuring)
+int dense_gemv_mode() {  // 0 off, 1 rule, 2 all
     static const int mode = [] {
         const char* v = std::getenv("XINFER_CUDA_DENSE_GEMV");
         if (v && std::strcmp(v, "0") == 0) return 0;
         if (v && std::strcmp(v, "all") == 0) return 2;
-        if (v && std::strcmp(v, "t1") == 0) return 3;
         return 1;
     }();
     return mode;
@@ -491,15 +490,16 @@ bool dense_gemv_enabled() { return dense_gemv_mode() != 0; }
 
 // Where the streaming GEMV beat the previous path on H200 (ops-test --perf, both paths in one run,
 // docs/perf/2026-11-30-h200-gemv.md). bf16: at T = 1 everywhere (k/v 2.3-3x, o/q/gate_up/lm_head
-// 1-3% faster), at T = 2..8 only up to 1536×4096, where cuBLASLt's fixed ~15 µs dominates; it keeps
-// q/o/gate_up/down at T ≥ 3 (its time is flat in T, the GEMV's is not). f8: everywhere except T = 1
-// with 512 < N·K/4096 ≤ 1536 (k/v, where gemv_kernel was 0.7-1.5 µs faster). f32 (routers): always.
+// 1-3% faster). At T = 2..8 it won in isolation only up to 1536×4096 (k/v), yet in a whole 8-token
+// verify step cuBLASLt there was faster: 17.29 vs 18.11 ms with batch-1 decode unchanged
+// (docs/perf/2026-11-30-h200-session3.md), so bf16 streams at T = 1 only. f8: everywhere except
+// T = 1 with 512 < N·K/4096 ≤ 1536 (k/v, where gemv_kernel was 0.7-1.5 µs faster). f32 (routers):
+// always.
 bool stream_gemv_wins(int64_t T, int64_t N, int64_t K, int w_dtype) {
     if (dense_gemv_mode() == 2) return true;
-    if (dense_gemv_mode() == 3 && w_dtype != XINFER_DTYPE_F32) return T == 1;
     const int64_t elems = N * K;
     switch (w_dtype) {
-        case XINFER_DTYPE_BF16: return T == 1 || elems <= 1536 * 4096;
+        case XINFER_DTYPE_BF16: return T == 1;
         case XINFER_DTYPE_F8_E4M3: return !(T == 1 && elems > 512 * 4096 && elems <= 1536 * 4096);
         default: return true;
     }
