@@ -238,6 +238,18 @@ void Backend::argmax(const Tensor& logits, const Tensor& ids) {
     run(op);
 }
 
+void Backend::sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_p, const Tensor& top_k,
+                     const Tensor& uniform, const Tensor& ids) {
+    xinfer_op op = make_op(XINFER_OP_SAMPLE, layer_);
+    op.src[0] = to_abi(logits);
+    op.src[1] = to_abi(temperature);
+    op.src[2] = to_abi(top_p);
+    op.src[3] = to_abi(top_k);
+    op.src[4] = to_abi(uniform);
+    op.dst[0] = to_abi(ids);
+    run(op);
+}
+
 void Backend::graph_begin() {
     XINFER_CHECK(has_graphs(), "backend {} has no graph capture", label_);
     check(api_->graph_begin(ctx_), "graph_begin");

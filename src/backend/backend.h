@@ -145,6 +145,10 @@ public:
     // ids[r] = argmax of logits row r (lowest index on ties): drafters propose on the device and
     // download ids instead of [rows, vocab] logits.
     void argmax(const Tensor& logits /*[R, V] f32*/, const Tensor& ids /*[R] i32*/);
+    // ids[r] drawn from row r at temperature[r] with top_k[r] / top_p[r], using uniform[r] in [0, 1)
+    // (argmax where temperature[r] ≤ 0); the rule is the host Sampler's (src/backend/cpu/sampling.cpp).
+    void sample(const Tensor& logits /*[R, V] f32*/, const Tensor& temperature /*[R] f32*/, const Tensor& top_p /*[R] f32*/,
+                const Tensor& top_k /*[R] i32*/, const Tensor& uniform /*[R] f32*/, const Tensor& ids /*[R] i32*/);
 
     // ---- generic entry points (ops-test, tools) ---------------------------------------------
     bool supports(const xinfer_op& op);

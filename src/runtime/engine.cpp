@@ -57,17 +57,17 @@ RequestOutput output_of(const Request& r, std::chrono::steady_clock::time_point 
 // [anchor, d1 … dk] with logits rows 0..k — the accepted drafts and the target's next token
 // (`accepted` is then set, else left -1). Stop ids, max_tokens and max_model_len may end the
 // request inside the chain; what follows is dropped.
-// `logits` are the chunk's rows, or empty in a greedy step, which hands `argmax` (its rows'
-// device argmax) instead.
-std::vector<int32_t> emit_tokens(Request& r, std::span<const float> logits, std::span<const int32_t> argmax,
+// `logits` are the chunk's rows, or empty when the step picked tokens on the device: then
+// `device_tokens` holds each row's pick (the sampled token, or the argmax of every chain row).
+std::vector<int32_t> emit_tokens(Request& r, std::span<const float> logits, std::span<const int32_t> device_tokens,
                                  int64_t vocab, const std::vector<int32_t>& drafts, int64_t max_model_len,
                                  int& accepted) {
     std::vector<int32_t> tokens;
     if (drafts.empty()) {
-        tokens = {logits.empty() ? argmax[0] : r.sampler.sample(logits)};
+        tokens = {logits.empty() ? device_tokens[0] : r.sampler.sample(logits)};
     } else {
-        const Verdict verdict =
-            logits.empty() ? verify_greedy_ids(argmax, drafts) : verify_drafts(logits, vocab, drafts, r.sampler);
+        const Verdict verdict = logits.empty() ? verify_greedy_ids(device_tokens, drafts)
+                                               : verify_drafts(logits, vocab, drafts, r.sampler);
         accepted = verdict.accepted;
         tokens.assign(drafts.begin(), drafts.begin() + verdict.accepted);
         tokens.push_back(verdict.next_token);
@@ -214,13 +214,31 @@ std::vector<RequestOutput> Engine::step() {
         first_rows.push_back(rows);
         rows += int64_t(tokens.size());
     }
-    // Steps where every sampling request is greedy take each logits row's argmax on the device
-    // and download only the ids.
-    bool greedy = true;
-    for (const ScheduledChunk& c : plan) greedy = greedy && (!c.samples || c.request->sampler.greedy());
+    // Tokens are picked on the device (one id per logits row downloaded instead of the row) unless
+    // a chain must be verified by rejection sampling, which needs whole distributions on the host.
+    // Rows that sample draw their uniform from the request's own stream, as Sampler::sample does.
+    bool on_device = true;
+    for (size_t i = 0; i < plan.size(); ++i)
+        on_device = on_device && (!plan[i].samples || drafts[i].empty() || plan[i].request->sampler.greedy());
     const Tensor device_logits = e.runner->forward_on_device(chunks);
-    const std::vector<float> logits = greedy ? std::vector<float>{} : e.runner->download_logits(device_logits);
-    const std::vector<int32_t> argmax = greedy ? e.runner->argmax_rows(device_logits) : std::vector<int32_t>{};
+    std::vector<float> logits;
+    std::vector<int32_t> device_tokens;  // [rows] when on_device
+    if (on_device) {
+        std::vector<Runner::RowSampling> rows_sampling;
+        for (size_t i = 0; i < plan.size(); ++i) {
+            rows_sampling.resize(rows_sampling.size() + drafts[i].size());  // chain rows: argmax
+            Runner::RowSampling last;
+            const Sampler& sampler = plan[i].request->sampler;
+            if (plan[i].samples && !sampler.greedy()) {
+                last = {sampler.params().temperature, sampler.params().top_p, int32_t(sampler.params().top_k),
+                        plan[i].request->sampler.uniform()};
+            }
+            rows_sampling.push_back(last);
+        }
+        device_tokens = e.runner->sample_rows(device_logits, rows_sampling);
+    } else {
+        logits = e.runner->download_logits(device_logits);
+    }
     ++e.steps;
 
     // Logits rows: a chain's k + 1 rows, else one per chunk; only chunks that reach the end of
@@ -233,13 +251,13 @@ std::vector<RequestOutput> Engine::step() {
     for (size_t i = 0; i < plan.size(); ++i) {
         const size_t n_rows = drafts[i].size() + 1;
         const std::span<const float> chunk_logits =
-            greedy ? std::span<const float>{} : std::span(logits).subspan(logits_row * size_t(vocab), n_rows * size_t(vocab));
-        const std::span<const int32_t> chunk_argmax =
-            greedy ? std::span(argmax).subspan(logits_row, n_rows) : std::span<const int32_t>{};
+            on_device ? std::span<const float>{} : std::span(logits).subspan(logits_row * size_t(vocab), n_rows * size_t(vocab));
+        const std::span<const int32_t> chunk_tokens =
+            on_device ? std::span(device_tokens).subspan(logits_row, n_rows) : std::span<const int32_t>{};
         logits_row += n_rows;
         if (!plan[i].samples) continue;
         Request& r = *plan[i].request;
-        emitted[i] = emit_tokens(r, chunk_logits, chunk_argmax, vocab, drafts[i], e.scheduler_options.max_model_len,
+        emitted[i] = emit_tokens(r, chunk_logits, chunk_tokens, vocab, drafts[i], e.scheduler_options.max_model_len,
                                  accepted[i]);
         if (accepted[i] >= 0) e.spec.add(drafts[i], accepted[i]);
         // K/V are final for the anchor and the accepted drafts that stayed in the sequence.

@@ -115,6 +115,37 @@ std::vector<int32_t> Runner::argmax_rows(const Tensor& logits) {
     return host;
 }
 
+std::vector<int32_t> Runner::sample_rows(const Tensor& logits, std::span<const RowSampling> rows) {
+    const int64_t n = logits.dim(0);
+    XINFER_CHECK(int64_t(rows.size()) == n, "sample_rows: {} sampling rows for {} logits rows", rows.size(), n);
+    if (std::all_of(rows.begin(), rows.end(), [](const RowSampling& r) { return r.temperature <= 0.f; }))
+        return argmax_rows(logits);
+    const size_t column = size_t(n) * 4;
+    if (sampling_args_.bytes() < 5 * column) sampling_args_ = backend_.alloc(5 * column);
+    char* base = static_cast<char*>(sampling_args_.data());
+    const Tensor temperature(base, DType::f32, {n}), top_p(base + column, DType::f32, {n}),
+        top_k(base + 2 * column, DType::i32, {n}), uniform(base + 3 * column, DType::f32, {n}),
+        ids(base + 4 * column, DType::i32, {n});
+    std::vector<float> host_temperature, host_top_p, host_uniform;
+    std::vector<int32_t> host_top_k;
+    for (const RowSampling& r : rows) {
+        host_temperature.push_back(r.temperature);
+        host_top_p.push_back(r.top_p);
+        host_top_k.push_back(r.top_k);
+        host_uniform.push_back(r.uniform);
+    }
+    backend_.upload(temperature, host_temperature.data());
+    backend_.upload(top_p, host_top_p.data());
+    backend_.upload(top_k, host_top_k.data());
+    backend_.upload(uniform, host_uniform.data());
+    backend_.sample(logits, temperature, top_p, top_k, uniform, ids);
+    std::vector<int32_t> host(static_cast<size_t>(n));
+    backend_.download(ids, host.data());  // completes before return, after the uploads it depends on
+    backend_.synchronize();
+    unsynchronized_ = false;
+    return host;
+}
+
 Tensor Runner::forward_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap) {
     XINFER_CHECK(!chunks.empty(), "empty step");
     // The previous step's uploads read host memory this step overwrites.

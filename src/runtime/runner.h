@@ -83,6 +83,14 @@ public:
     // computed on the device: greedy steps download n_out ids instead of n_out × vocab floats
     // (at batch 64 and vocab 152K that download and the host argmax took ~19 ms a step).
     std::vector<int32_t> argmax_rows(const Tensor& logits);
+    // One token per row, drawn on the device as the host Sampler would draw it (argmax where
+    // temperature ≤ 0, else with the row's uniform): sampled steps download ids only too.
+    struct RowSampling {
+        float temperature = 0.f, top_p = 1.f;
+        int32_t top_k = 0;
+        float uniform = 0.f;
+    };
+    std::vector<int32_t> sample_rows(const Tensor& logits, std::span<const RowSampling> rows);
     // Standalone: allocates the chunks' pages (throws if the pool is short), runs forward and
     // commits the tokens.
     std::vector<float> step(std::span<const SequenceChunk> chunks, const TapFn& tap = {});
@@ -122,6 +130,7 @@ private:
     Tensor features_;                    // [n_tokens, n_features * hidden]
     std::vector<int32_t> feature_rows_;  // host copy of the gather indices of the last forward
     Buffer argmax_ids_;                  // [≥ n_out] i32 for argmax_rows()
+    Buffer sampling_args_;               // [5, ≥ n_out] 4-byte rows for sample_rows(): the op's inputs, then ids
     // The last forward's host metadata, read by stream-ordered uploads until a synchronize.
     std::vector<std::vector<int32_t>> host_metadata_;
     bool unsynchronized_ = false;  // a forward ran since the last synchronize

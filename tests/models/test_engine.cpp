@@ -8,6 +8,7 @@
 
 #include <map>
 #include <random>
+#include <set>
 
 namespace xinfer::test {
 namespace {
@@ -72,6 +73,41 @@ TEST_P(EngineTest, BatchedEqualsAlone) {
     EXPECT_EQ(together, alone(prompts, 10));
     EXPECT_EQ(stats.preemptions, 0);
     EXPECT_EQ(runner.kv().free_pages(), runner.kv().n_pages());
+}
+
+// Sampled requests pick their tokens on the device (Runner::sample_rows) yet draw exactly what
+// the host Sampler draws from the same logits and the same seeded stream: a batch of three
+// sampled requests through the engine against a one-sequence loop of Runner::step +
+// Sampler::sample. Different settings per request, so each row takes its own parameters.
+TEST_P(EngineTest, SampledTokensEqualTheHostSampler) {
+    const auto prompts = varied_prompts(fixture_, 3);
+    const SamplingParams settings[] = {{0.8f, 1.f, 0, 11}, {1.3f, 0.9f, 0, 12}, {1.5f, 1.f, 5, 13}};
+    constexpr int kTokens = 10;
+    Runner runner(*loaded_->model, *loaded_->backend, pool(512));
+    std::unique_ptr<Engine> engine = make_engine(runner, {8, 4096, 0});
+    std::map<uint64_t, size_t> index;
+    for (size_t i = 0; i < prompts.size(); ++i) index[engine->submit(prompts[i], settings[i], kTokens)] = i;
+    std::vector<std::vector<int32_t>> engine_tokens(prompts.size());
+    while (engine->has_work())
+        for (const RequestOutput& out : engine->step()) {
+            auto& t = engine_tokens[index.at(out.id)];
+            t.insert(t.end(), out.new_tokens.begin(), out.new_tokens.end());
+        }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        Runner reference(*loaded_->model, *loaded_->backend, pool(512));
+        Sampler sampler(settings[i]);
+        std::vector<int32_t> tokens;
+        SequenceChunk chunk{0, 0, prompts[i], false};
+        std::vector<float> logits = reference.step(std::span(&chunk, 1));
+        for (int n = 0; n < kTokens; ++n) {
+            tokens.push_back(sampler.sample(logits));
+            if (n + 1 == kTokens) break;
+            chunk = {0, int64_t(prompts[i].size()) + n, std::span(tokens).last(1), false};
+            logits = reference.step(std::span(&chunk, 1));
+        }
+        EXPECT_EQ(engine_tokens[i], tokens) << "request " << i;
+        EXPECT_GE(std::set<int32_t>(tokens.begin(), tokens.end()).size(), 3u) << "request " << i << " barely sampled";
+    }
 }
 
 // A token budget of 7 splits every prompt into chunks (mixed with other requests' decodes).
