@@ -228,11 +228,10 @@ std::vector<RequestOutput> Engine::step() {
         for (size_t i = 0; i < plan.size(); ++i) {
             rows_sampling.resize(rows_sampling.size() + drafts[i].size());  // chain rows: argmax
             Runner::RowSampling last;
-            const Sampler& sampler = plan[i].request->sampler;
-            if (plan[i].samples && !sampler.greedy()) {
+            Sampler& sampler = plan[i].request->sampler;
+            if (plan[i].samples && !sampler.greedy())
                 last = {sampler.params().temperature, sampler.params().top_p, int32_t(sampler.params().top_k),
-                        plan[i].request->sampler.uniform()};
-            }
+                        sampler.uniform()};
             rows_sampling.push_back(last);
         }
         device_tokens = e.runner->sample_rows(device_logits, rows_sampling);

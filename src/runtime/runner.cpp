@@ -4,6 +4,7 @@
 #include "runtime/memory_plan.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace xinfer {
 namespace {
@@ -95,10 +96,13 @@ std::vector<float> Runner::forward(std::span<const SequenceChunk> chunks, const 
     return download_logits(forward_on_device(chunks, tap));
 }
 
-std::vector<float> Runner::download_logits(const Tensor& logits) {
-    std::vector<float> host(size_t(logits.numel()));
-    backend_.download(logits, host.data());
-    backend_.synchronize();
+std::vector<float> Runner::download_logits(const Tensor& logits) { return download_synchronized<float>(logits); }
+
+template <typename T>
+std::vector<T> Runner::download_synchronized(const Tensor& t) {
+    std::vector<T> host(size_t(t.numel()));
+    backend_.download(t, host.data());
+    backend_.synchronize();  // the step's uploads have been read too
     unsynchronized_ = false;
     return host;
 }
@@ -108,11 +112,7 @@ std::vector<int32_t> Runner::argmax_rows(const Tensor& logits) {
     if (argmax_ids_.bytes() < size_t(rows) * sizeof(int32_t)) argmax_ids_ = backend_.alloc(size_t(rows) * sizeof(int32_t));
     const Tensor ids(argmax_ids_.data(), DType::i32, {rows});  // [n_out]
     backend_.argmax(logits, ids);
-    std::vector<int32_t> host(static_cast<size_t>(rows));
-    backend_.download(ids, host.data());
-    backend_.synchronize();
-    unsynchronized_ = false;
-    return host;
+    return download_synchronized<int32_t>(ids);
 }
 
 std::vector<int32_t> Runner::sample_rows(const Tensor& logits, std::span<const RowSampling> rows) {
@@ -120,30 +120,22 @@ std::vector<int32_t> Runner::sample_rows(const Tensor& logits, std::span<const R
     XINFER_CHECK(int64_t(rows.size()) == n, "sample_rows: {} sampling rows for {} logits rows", rows.size(), n);
     if (std::all_of(rows.begin(), rows.end(), [](const RowSampling& r) { return r.temperature <= 0.f; }))
         return argmax_rows(logits);
-    const size_t column = size_t(n) * 4;
-    if (sampling_args_.bytes() < 5 * column) sampling_args_ = backend_.alloc(5 * column);
-    char* base = static_cast<char*>(sampling_args_.data());
-    const Tensor temperature(base, DType::f32, {n}), top_p(base + column, DType::f32, {n}),
-        top_k(base + 2 * column, DType::i32, {n}), uniform(base + 3 * column, DType::f32, {n}),
-        ids(base + 4 * column, DType::i32, {n});
-    std::vector<float> host_temperature, host_top_p, host_uniform;
-    std::vector<int32_t> host_top_k;
-    for (const RowSampling& r : rows) {
-        host_temperature.push_back(r.temperature);
-        host_top_p.push_back(r.top_p);
-        host_top_k.push_back(r.top_k);
-        host_uniform.push_back(r.uniform);
+    // The op's four [n] inputs as consecutive columns of 4-byte values (one upload), then the ids.
+    std::vector<int32_t> args(size_t(4 * n));
+    for (size_t r = 0; r < rows.size(); ++r) {
+        args[r] = std::bit_cast<int32_t>(rows[r].temperature);
+        args[size_t(n) + r] = std::bit_cast<int32_t>(rows[r].top_p);
+        args[size_t(2 * n) + r] = rows[r].top_k;
+        args[size_t(3 * n) + r] = std::bit_cast<int32_t>(rows[r].uniform);
     }
-    backend_.upload(temperature, host_temperature.data());
-    backend_.upload(top_p, host_top_p.data());
-    backend_.upload(top_k, host_top_k.data());
-    backend_.upload(uniform, host_uniform.data());
-    backend_.sample(logits, temperature, top_p, top_k, uniform, ids);
-    std::vector<int32_t> host(static_cast<size_t>(n));
-    backend_.download(ids, host.data());  // completes before return, after the uploads it depends on
-    backend_.synchronize();
-    unsynchronized_ = false;
-    return host;
+    if (sampling_args_.bytes() < size_t(5 * n) * 4) sampling_args_ = backend_.alloc(size_t(5 * n) * 4);
+    int32_t* base = static_cast<int32_t*>(sampling_args_.data());
+    backend_.upload(Tensor(base, DType::i32, {4 * n}), args.data());
+    const auto column = [&](int64_t c, DType dtype) { return Tensor(base + c * n, dtype, {n}); };
+    const Tensor ids = column(4, DType::i32);
+    backend_.sample(logits, column(0, DType::f32), column(1, DType::f32), column(2, DType::i32), column(3, DType::f32),
+                    ids);
+    return download_synchronized<int32_t>(ids);
 }
 
 Tensor Runner::forward_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap) {

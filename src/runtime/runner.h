@@ -115,6 +115,9 @@ public:
 
 private:
     TapFn exporting_tap(int64_t n_tokens, const TapFn& user_tap);
+    // Downloads t (complete on return) after synchronizing, which also releases the step's uploads.
+    template <typename T>
+    std::vector<T> download_synchronized(const Tensor& t);
     void gather_features(int64_t n_tokens);
     DecodeGraphs& decode_graphs();  // created on first use (needs the finished KV views)
 
@@ -130,7 +133,7 @@ private:
     Tensor features_;                    // [n_tokens, n_features * hidden]
     std::vector<int32_t> feature_rows_;  // host copy of the gather indices of the last forward
     Buffer argmax_ids_;                  // [≥ n_out] i32 for argmax_rows()
-    Buffer sampling_args_;               // [5, ≥ n_out] 4-byte rows for sample_rows(): the op's inputs, then ids
+    Buffer sampling_args_;               // [5, ≥ n_out] 4-byte columns for sample_rows(): the op's inputs, then ids
     // The last forward's host metadata, read by stream-ordered uploads until a synchronize.
     std::vector<std::vector<int32_t>> host_metadata_;
     bool unsynchronized_ = false;  // a forward ran since the last synchronize
