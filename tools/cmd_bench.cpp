@@ -132,11 +132,11 @@ void add_bench_command(CLI::App& app) {
             if (profiler) profiler->begin_region(fmt::format("decode step {}", i));
             start = now_seconds();
             logits = runner.step(std::span(&chunk, 1));
-            const double step_seconds = now_seconds() - start;
+            generated.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+            const double step_seconds = now_seconds() - start;  // the forward and picking its token
             decode_seconds += step_seconds;
             if (windows) window_seconds.back() += step_seconds;
             if (profiler) profiler->end_region();
-            generated.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
         }
 
         const ParameterCounts params = count_parameters(config);
