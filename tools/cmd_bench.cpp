@@ -131,8 +131,8 @@ void add_bench_command(CLI::App& app) {
             SequenceChunk chunk{0, options->prompt_len + i, std::span(generated).last(1), false};
             if (profiler) profiler->begin_region(fmt::format("decode step {}", i));
             start = now_seconds();
-            logits = runner.step(std::span(&chunk, 1));
-            generated.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+            // Greedy on the device, as the engine picks tokens: only the id comes back.
+            generated.push_back(runner.argmax_rows(runner.step_on_device(std::span(&chunk, 1)))[0]);
             const double step_seconds = now_seconds() - start;  // the forward and picking its token
             decode_seconds += step_seconds;
             if (windows) window_seconds.back() += step_seconds;

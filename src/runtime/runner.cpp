@@ -263,6 +263,10 @@ void Runner::gather_features(int64_t n_tokens) {
 }
 
 std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const TapFn& tap) {
+    return download_logits(step_on_device(chunks, tap));
+}
+
+Tensor Runner::step_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap) {
     for (const SequenceChunk& chunk : chunks) {
         std::vector<int32_t>& tokens = step_tokens_[chunk.seq];
         if (!kv_.has_sequence(chunk.seq)) kv_.add_sequence(chunk.seq, {});
@@ -274,7 +278,7 @@ std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const Tap
             fail("KV cache full: sequence {} needs {} pages for {} tokens; {} of {} pages free", chunk.seq,
                  kv_.pages_needed(chunk.seq, int64_t(tokens.size())), tokens.size(), kv_.free_pages(), kv_.n_pages());
     }
-    std::vector<float> logits = forward(chunks, tap);
+    const Tensor logits = forward_on_device(chunks, tap);
     for (const SequenceChunk& chunk : chunks) {
         const std::vector<int32_t>& tokens = step_tokens_[chunk.seq];
         kv_.commit(chunk.seq, tokens, int64_t(tokens.size()));

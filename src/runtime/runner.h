@@ -94,6 +94,7 @@ public:
     // Standalone: allocates the chunks' pages (throws if the pool is short), runs forward and
     // commits the tokens.
     std::vector<float> step(std::span<const SequenceChunk> chunks, const TapFn& tap = {});
+    Tensor step_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap = {});  // logits as forward_on_device
     void release(int seq);  // frees a sequence of step() (no-op if unknown)
 
     // Whether decode steps may replay graphs (backend support, options, environment).
