@@ -33,7 +33,11 @@ note() { echo "$*" | tee -a "$summary"; }
 export PATH=/usr/local/cuda/bin:$PATH
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
-note "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty')"
+# A `git archive` copy (how the GPU machine gets a clean tree) has no .git of its own: it names its
+# commit in a COMMIT file, or git would report whatever repository encloses it.
+if [ -f COMMIT ]; then commit=$(cat COMMIT); else
+    commit="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty')"; fi
+note "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $commit"
 note "$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 | head -4)"
 note "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
 

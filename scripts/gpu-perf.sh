@@ -19,7 +19,11 @@ gen=64 out_len=256 levels=1,8,32,64
 [ "${1:-}" = --quick ] && gen=16 out_len=64 levels=1,8
 note() { echo "$*" | tee -a "$summary"; }
 x=build/bin/xinfer
-note "# gpu-perf $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty')"
+# A `git archive` copy (how the GPU machine gets a clean tree) has no .git of its own: it names its
+# commit in a COMMIT file, or git would report whatever repository encloses it.
+if [ -f COMMIT ]; then commit=$(cat COMMIT); else
+    commit="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty')"; fi
+note "# gpu-perf $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $commit"
 note "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 
 run() {  # name, then the xinfer arguments
