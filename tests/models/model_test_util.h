@@ -1,9 +1,12 @@
 // Helpers the model-level suites share (tests/models, tests/spec): which device the tests run on,
-// a fixture loaded onto it, and prompts of varied lengths for batching tests.
+// a fixture loaded onto it (FixtureModelTest for suites parameterised by fixture), and prompts of
+// varied lengths for batching tests.
 #pragma once
 
 #include "fixture.h"
 #include "models/model.h"
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -33,6 +36,17 @@ struct LoadedModel {
         if (const char* dtype = std::getenv("XINFER_TEST_DTYPE")) options.dtype = dtype;
         model = load_model(*checkpoint, *backend, options);
     }
+};
+
+// Tests parameterised by fixture name: the fixture and its model, loaded on test_device().
+class FixtureModelTest : public ::testing::TestWithParam<std::string> {
+protected:
+    void SetUp() override {
+        fixture_ = load_fixture(GetParam());
+        loaded_ = std::make_unique<LoadedModel>(fixture_.dir);
+    }
+    Fixture fixture_;
+    std::unique_ptr<LoadedModel> loaded_;
 };
 
 // n prompts of different lengths and contents built from the fixture prompt.

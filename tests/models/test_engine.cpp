@@ -13,7 +13,6 @@
 namespace xinfer::test {
 namespace {
 
-using Loaded = LoadedModel;
 
 RunnerOptions pool(int64_t n_pages, bool prefix_caching = false) {
     RunnerOptions options;
@@ -47,12 +46,8 @@ std::vector<std::vector<int32_t>> run_all(Runner& runner, const std::vector<std:
     return tokens;
 }
 
-class EngineTest : public ::testing::TestWithParam<std::string> {
+class EngineTest : public FixtureModelTest {
 protected:
-    void SetUp() override {
-        fixture_ = load_fixture(GetParam());
-        loaded_ = std::make_unique<Loaded>(fixture_.dir);
-    }
     std::vector<std::vector<int32_t>> alone(const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
         std::vector<std::vector<int32_t>> result;
         for (const auto& p : prompts) {
@@ -61,8 +56,6 @@ protected:
         }
         return result;
     }
-    Fixture fixture_;
-    std::unique_ptr<Loaded> loaded_;
 };
 
 TEST_P(EngineTest, BatchedEqualsAlone) {

@@ -25,7 +25,6 @@ namespace {
 constexpr double kFirstLayerNmse = 6e-3, kFirstLayerMaxRelative = 1.25e-1;
 constexpr double kQwen3LogitsTolerance = 1e-1;
 
-using Loaded = LoadedModel;
 
 RunnerOptions fp8_options(bool prefix_caching = false, const char* dtype = "fp8") {
     RunnerOptions options;
@@ -36,12 +35,8 @@ RunnerOptions fp8_options(bool prefix_caching = false, const char* dtype = "fp8"
     return options;
 }
 
-class Fp8Kv : public ::testing::TestWithParam<std::string> {
+class Fp8Kv : public FixtureModelTest {
 protected:
-    void SetUp() override {
-        fixture_ = load_fixture(GetParam());
-        loaded_ = std::make_unique<Loaded>(fixture_.dir);
-    }
     Runner make_runner(bool prefix_caching = false) { return Runner(*loaded_->model, *loaded_->backend, fp8_options(prefix_caching)); }
     // Worst row's relative error and the largest absolute logit error.
     std::pair<double, double> logits_error(const std::vector<float>& logits) const {
@@ -53,8 +48,6 @@ protected:
             max_abs = std::max(max_abs, std::fabs(double(logits[i]) - double(fixture_.logits[i])));
         return {worst, max_abs};
     }
-    Fixture fixture_;
-    std::unique_ptr<Loaded> loaded_;
 };
 
 TEST_P(Fp8Kv, UsesAnFp8Pool) {

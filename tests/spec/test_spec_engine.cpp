@@ -12,7 +12,6 @@
 namespace xinfer::test {
 namespace {
 
-using Loaded = LoadedModel;
 
 RunnerOptions pool(int64_t n_pages, bool prefix_caching = false) {
     RunnerOptions options;
@@ -87,12 +86,8 @@ RunResult run_all(Runner& runner, const std::vector<std::vector<int32_t>>& promp
     return run;
 }
 
-class SpecEngineTest : public ::testing::TestWithParam<std::string> {
+class SpecEngineTest : public FixtureModelTest {
 protected:
-    void SetUp() override {
-        fixture_ = load_fixture(GetParam());
-        loaded_ = std::make_unique<Loaded>(fixture_.dir);
-    }
     // Plain greedy, one request at a time: the oracle every speculative run must equal.
     std::vector<std::vector<int32_t>> plain(const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
                                             std::vector<int32_t> stop_ids = {}) {
@@ -113,8 +108,6 @@ protected:
         }
         return sequences;
     }
-    Fixture fixture_;
-    std::unique_ptr<Loaded> loaded_;
 };
 
 TEST_P(SpecEngineTest, NgramGreedyIsLossless) {
@@ -273,7 +266,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, SpecEngineTest,
 // pooled into one cell); the bound is the p = 1e-4 critical value for the degrees of freedom.
 TEST(SpecSampling, TemperatureSamplingKeepsTheDistribution) {
     const Fixture fixture = load_fixture("qwen3_f32");
-    Loaded loaded(fixture.dir);
+    LoadedModel loaded(fixture.dir);
     const std::vector<int32_t> prompt(fixture.prompt.begin(), fixture.prompt.begin() + 12);
     const int n = 1500;
     SamplingParams sampling;
