@@ -373,18 +373,24 @@ __global__ void attention_combine_kernel(const float* part_o /*[n_split, rows, d
     }
 }
 
-// k/v rows of token t go to slot slot_mapping[t] = page · page_size + offset; -1 = skip.
+// k/v rows of token t go to slot slot_mapping[t] = page · page_size + offset; -1 = skip. Grid
+// (T, row chunks): one element of K and one of V per thread, loaded before either is stored, so
+// a decode token costs one memory round trip rather than a chain of load-after-store ones.
+constexpr int kStoreThreads = 256;
+
 __global__ void kv_store_kernel(const void* k /*[T, nkv, dk]*/, int k_dtype, const void* v /*[T, nkv, dv]*/,
                                 int v_dtype, void* k_cache, int kc_dtype, void* v_cache, int vc_dtype,
                                 const int32_t* slot_mapping /*[T]*/, int page_size, int64_t k_page_stride,
                                 int64_t v_page_stride, int64_t k_row /*nkv·dk*/, int64_t v_row /*nkv·dv*/) {
-    const int64_t t = blockIdx.x;
+    pdl_begin();
+    const int64_t t = blockIdx.x, i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
     const int32_t slot = slot_mapping[t];
     if (slot < 0) return;
     const int64_t page = slot / page_size, offset = slot % page_size;
-    const int64_t kdst = page * k_page_stride + offset * k_row, vdst = page * v_page_stride + offset * v_row;
-    for (int64_t i = threadIdx.x; i < k_row; i += blockDim.x) store_f(k_cache, kc_dtype, kdst + i, load_f(k, k_dtype, t * k_row + i));
-    for (int64_t i = threadIdx.x; i < v_row; i += blockDim.x) store_f(v_cache, vc_dtype, vdst + i, load_f(v, v_dtype, t * v_row + i));
+    const float kv = i < k_row ? load_f(k, k_dtype, t * k_row + i) : 0.f;
+    const float vv = i < v_row ? load_f(v, v_dtype, t * v_row + i) : 0.f;
+    if (i < k_row) store_f(k_cache, kc_dtype, page * k_page_stride + offset * k_row + i, kv);
+    if (i < v_row) store_f(v_cache, vc_dtype, page * v_page_stride + offset * v_row + i, vv);
 }
 
 // max with NaN propagating (fmaxf drops NaN): the CPU's amax keeps a NaN once seen.
@@ -468,12 +474,11 @@ int op_kv_store(Context* c, const xinfer_op* op, bool run) {
         XCUDA_CHECK_LAUNCH(c, "kv_store_fp8_kernel");
         return XINFER_OK;
     }
-    kv_store_kernel<<<unsigned(T), 128, 0, c->stream>>>(k.data, k.dtype, v.data, v.dtype, k_cache.data, k_cache.dtype,
-                                                        v_cache.data, v_cache.dtype,
-                                                        static_cast<const int32_t*>(b.slot_mapping.data), b.page_size,
-                                                        k_stride, v_stride, nkv * dk, nkv * dv);
-    XCUDA_CHECK_LAUNCH(c, "kv_store_kernel");
-    return XINFER_OK;
+    const unsigned row_chunks = unsigned(ceil_div(std::max(nkv * dk, nkv * dv), kStoreThreads));
+    return launch_pdl(c, "kv_store_kernel", kv_store_kernel, dim3(unsigned(T), row_chunks), dim3(kStoreThreads), 0,
+                      k.data, k.dtype, v.data, v.dtype, k_cache.data, k_cache.dtype, v_cache.data, v_cache.dtype,
+                      static_cast<const int32_t*>(b.slot_mapping.data), b.page_size, k_stride, v_stride, nkv * dk,
+                      nkv * dv);
 }
 
 // attention_decode.cu: split-KV kernel for few query tokens per sequence; XINFER_UNSUPPORTED = not taken.

@@ -66,6 +66,7 @@ struct DecodeArgs {
     float scale_log2;          // softmax_scale · log2(e): scores are kept in log2 units
     int window, causal, n_split;
     bool k_vec, v_vec;         // bf16 rows that may be copied with 16-byte cp.async
+    bool q_vec;                // bf16 q rows that may be loaded 16 bytes at a time
 };
 
 // Shared memory (bytes): Q [64][ldk], two stages of K [64][ldk] and V [64][ldv] (bf16; rows
@@ -150,6 +151,7 @@ __device__ __forceinline__ void fill_row_part(__nv_bfloat16* dst, const void* ca
 
 __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArgs a) {
     extern __shared__ __align__(128) unsigned char smem[];
+    pdl_begin();
     const DecodeSmem L = decode_smem(a.dk_pad, a.dv_pad);
     auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
     auto* ml_s = reinterpret_cast<float*>(smem + L.ml);
@@ -177,16 +179,28 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         tok_lo[i] = lo;
         tok_hi[i] = hi;
     }
-    // Q rows as bf16, zero-padded to dk_pad; rows past `rows` are zero. One warp per row.
-    for (int r = warp; r < kRows; r += kWarps) {
+    // Q rows as bf16, zero-padded to dk_pad; rows past `rows` up to the last 16-row group that
+    // ldmatrix reads are zero. One warp per row; bf16 rows go in 16-byte loads (a decode block
+    // runs this prologue with one warp per scheduler, so every instruction here is latency).
+    for (int r = warp; r < (rows + 15) / 16 * 16; r += kWarps) {
         int64_t base = -1;
         if (r < rows) {
             const int64_t flat = row0 + r;
             const int64_t t = token_base + (flat / G - tok_first);
             base = (t * a.nq + g * G + int(flat % G)) * a.dk;
         }
-        for (int d = lane; d < a.dk_pad; d += 32)
-            Qs[r * L.ldk + d] = __float2bfloat16_rn(base >= 0 && d < a.dk ? load_f(a.q, a.q_dtype, base + d) : 0.f);
+        if (a.q_vec) {
+            for (int c = lane; c * 8 < a.dk_pad; c += 32) {
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (base >= 0 && c * 8 < a.dk)
+                    v = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.q) + base + c * 8);
+                *reinterpret_cast<uint4*>(Qs + r * L.ldk + c * 8) = v;
+            }
+        } else {
+            for (int d = lane; d < a.dk_pad; d += 32)
+                Qs[r * L.ldk + d] =
+                    __float2bfloat16_rn(base >= 0 && d < a.dk ? load_f(a.q, a.q_dtype, base + d) : 0.f);
+        }
     }
     __syncthreads();
 
@@ -395,37 +409,53 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         }
     }
     __syncthreads();
-    for (int i = tid; i < rows * a.dv; i += kThreads) {
-        const int r = i / a.dv, d = i % a.dv, grp = r / 16, rr = r % 16;
-        float M = -INFINITY;
+    // Per row: the kp warps' merge factors and the row's final scale, computed once by one
+    // thread (they sit after the warps' O in the spare K/V stage bytes: O takes 256·(dv_pad + 4)
+    // bytes of the ≥ 256·(dk_pad + dv_pad + 16) the two stages hold).
+    constexpr int kFac = 6;  // up to kp = 4 factors, then the scale (n_split = 1) or M and l
+    auto* fac = Ow + kWarps * 16 * ldo;  // [64][kFac]
+    if (tid < rows) {
+        const int grp = tid / 16, rr = tid % 16;
+        float M = -INFINITY, l = 0.f;
         for (int p = 0; p < kp; ++p) M = fmaxf(M, ml_s[((p * n_rg + grp) * 16 + rr) * 2]);
-        float l = 0.f, acc = 0.f;
         for (int p = 0; p < kp; ++p) {
             const int w = p * n_rg + grp;
             const float m = ml_s[(w * 16 + rr) * 2];
             const float f = m == -INFINITY ? 0.f : exp2f(m - M);
             l += ml_s[(w * 16 + rr) * 2 + 1] * f;
-            acc += Ow[(w * 16 + rr) * ldo + d] * f;
+            fac[tid * kFac + p] = f;
         }
-        const int64_t flat = row0 + r;
-        const int64_t t = token_base + (flat / G - tok_first);
-        const int head = g * G + int(flat % G);
-        const int64_t R = t * a.nq + head;
         if (a.n_split == 1) {
             float alpha = 1.f, denom = l;
             if (a.sinks) {
+                const int head = g * G + int((row0 + tid) % G);
                 const float sink = a.sinks[head] * kLog2e;
                 const float Ms = fmaxf(M, sink);
                 alpha = M == -INFINITY ? 0.f : exp2f(M - Ms);
                 denom = l * alpha + exp2f(sink - Ms);
             }
-            store_f(a.out, a.out_dtype, R * a.dv + d, denom == 0.f ? 0.f : acc * alpha / denom);
+            fac[tid * kFac + 4] = denom == 0.f ? 0.f : alpha / denom;
+        } else {
+            fac[tid * kFac + 4] = M;
+            fac[tid * kFac + 5] = l;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < rows * a.dv; i += kThreads) {
+        const int r = i / a.dv, d = i % a.dv, grp = r / 16, rr = r % 16;
+        float acc = 0.f;
+        for (int p = 0; p < kp; ++p) acc += Ow[((p * n_rg + grp) * 16 + rr) * ldo + d] * fac[r * kFac + p];
+        const int64_t flat = row0 + r;
+        const int64_t t = token_base + (flat / G - tok_first);
+        const int64_t R = t * a.nq + g * G + int(flat % G);
+        if (a.n_split == 1) {
+            store_f(a.out, a.out_dtype, R * a.dv + d, acc * fac[r * kFac + 4]);
         } else {
             const int64_t P = int64_t(split) * a.T * a.nq + R;
             a.part_o[P * a.dv + d] = acc;
             if (d == 0) {
-                a.part_ml[P * 2] = M;
-                a.part_ml[P * 2 + 1] = l;
+                a.part_ml[P * 2] = fac[r * kFac + 4];
+                a.part_ml[P * 2 + 1] = fac[r * kFac + 5];
             }
         }
     }
@@ -436,6 +466,7 @@ __global__ void attention_decode_combine_kernel(const float* part_o /*[n_split, 
                                                 const float* part_ml /*[n_split, rows, 2]*/,
                                                 const float* sinks /*[nq] or null*/, int n_split, int64_t n_rows,
                                                 int nq, int dv, void* out /*[rows, dv]*/, int out_dtype) {
+    pdl_begin();
     const int64_t R = blockIdx.x;
     float M = -INFINITY;
     for (int z = 0; z < n_split; ++z) M = fmaxf(M, part_ml[(z * n_rows + R) * 2]);
@@ -521,6 +552,7 @@ int attention_decode(Context* c, const xinfer_op* op) {
     };
     a.k_vec = vec_ok(k_cache, dk, a.k_page_stride);
     a.v_vec = vec_ok(v_cache, dv, a.v_page_stride);
+    a.q_vec = vec_ok(q, dk, 0);
 
     // Row tiles: Σ_s ceil(q_len_s · G / 64) ≤ ceil(T · G / 64) + n_seqs (an upper bound; blocks
     // past the real tiles exit at once).
@@ -551,14 +583,16 @@ int attention_decode(Context* c, const xinfer_op* op) {
     }
     if (L.total > 48 * 1024)
         XCUDA_TRY(c, cudaFuncSetAttribute(attention_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
-    attention_decode_kernel<<<dim3(unsigned(row_tiles), unsigned(nkv), unsigned(n_split)), kThreads, size_t(L.total),
-                              c->stream>>>(a);
-    XCUDA_CHECK_LAUNCH(c, "attention_decode_kernel");
+    const dim3 grid{unsigned(row_tiles), unsigned(nkv), unsigned(n_split)};
+    if (int rc = launch_pdl(c, "attention_decode_kernel", attention_decode_kernel, grid, dim3(kThreads),
+                            size_t(L.total), a))
+        return rc;
     if (n_split > 1) {
         const int threads = int(std::min<int64_t>(128, ceil_div(dv, 32) * 32));
-        attention_decode_combine_kernel<<<unsigned(T * nq), threads, 0, c->stream>>>(
-            a.part_o, a.part_ml, a.sinks, n_split, T * nq, nq, dv, out.data, out.dtype);
-        XCUDA_CHECK_LAUNCH(c, "attention_decode_combine_kernel");
+        return launch_pdl(c, "attention_decode_combine_kernel", attention_decode_combine_kernel,
+                          dim3(unsigned(T * nq)), dim3(threads), 0, static_cast<const float*>(a.part_o),
+                          static_cast<const float*>(a.part_ml), a.sinks, n_split, T * nq, nq, dv, out.data,
+                          out.dtype);
     }
     return XINFER_OK;
 }

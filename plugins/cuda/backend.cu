@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -46,6 +47,14 @@ int cuda_fail(Context* c, cudaError_t err, const char* what) {
     set_error(c, "cuda: %s failed: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
     cudaGetLastError();  // clear a sticky-less error so the next call starts clean
     return err == cudaErrorMemoryAllocation ? XINFER_OUT_OF_MEMORY : XINFER_ERROR;
+}
+
+bool pdl_enabled() {
+    static const bool enabled = [] {
+        const char* v = std::getenv("XINFER_CUDA_PDL");
+        return !(v && std::strcmp(v, "0") == 0);
+    }();
+    return enabled;
 }
 
 int unsupported(Context* c, const xinfer_op* op, const char* format, ...) {

@@ -72,6 +72,35 @@ int cuda_fail(Context* c, cudaError_t err, const char* what);
 // After a kernel launch: configuration errors (too much shared memory, bad grid) show up here.
 #define XCUDA_CHECK_LAUNCH(ctx, what) XCUDA_TRY(ctx, cudaGetLastError())
 
+// ---- programmatic dependent launch ----------------------------------------------------------------
+
+// Hopper can launch a kernel while the previous kernel on the stream is still finishing: its
+// blocks are scheduled early and wait in pdl_begin() (device_utils.cuh) until that grid has
+// completed and its writes are visible. A batch-1 decode step is ~700 small dependent kernels,
+// so hiding each one's launch latency is worth ~1 µs per kernel. Every kernel launched with
+// launch_pdl must call pdl_begin() before its first global memory access; graphs capture the
+// programmatic edges. XINFER_CUDA_PDL=0 launches plainly.
+bool pdl_enabled();
+
+template <typename... Params, typename... Args>
+int launch_pdl(Context* c, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+               Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (err != cudaSuccess) return cuda_fail(c, err, what);
+    XCUDA_CHECK_LAUNCH(c, what);
+    return XINFER_OK;
+}
+
 // ---- scratch -----------------------------------------------------------------------------------
 
 // Lays out an op's temporaries inside the scratch buffer: call add() for each, then

@@ -32,6 +32,19 @@ __device__ __forceinline__ uint8_t float_to_fp8(float x) {
     return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
+// Programmatic dependent launch (launch_pdl in common.h). pdl_wait: block until the previous
+// grid on the stream has completed and its writes are visible. pdl_launch_dependents: let the
+// next PDL-launched grid be scheduled (it fires once every block of this grid has called it).
+// Both are no-ops for a plainly launched kernel.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// The first statement of a launch_pdl kernel: nothing of this kernel touches memory before the
+// previous grid is done, and the next kernel's launch overlaps this one's work.
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    pdl_launch_dependents();
+}
+
 __device__ __forceinline__ float load_f(const void* p, int dtype, int64_t i) {
     switch (dtype) {
         case XINFER_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);

@@ -388,12 +388,22 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
     const bool active = n < p.n;
     const int chunks = int(p.k / E), step = 32 * S;
     const XT* x = static_cast<const XT*>(p.x);
+    const char* w_row = static_cast<const char*>(p.w) + n * p.k * int64_t(16 / E);
+
+    // Weights are constant, so the lane's first U chunks may be requested into L2 before the
+    // previous kernel has finished (programmatic dependent launch); x is read only after the wait.
+    if (active)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = part * 32 + lane + u * step;
+            if (c < chunks) asm volatile("prefetch.global.L2 [%0];" ::"l"(w_row + int64_t(c) * 16));
+        }
+    pdl_begin();
 
     float acc[R];
 #pragma unroll
     for (int j = 0; j < R; ++j) acc[j] = 0.f;
     if (active) {
-        const char* w_row = static_cast<const char*>(p.w) + n * p.k * int64_t(16 / E);
         const float* scale_row = nullptr;
         if constexpr (kFp8)
             scale_row = p.scale + ((n / p.shard_rows) * p.blocks_per_shard + (n % p.shard_rows) / p.block_rows) *
@@ -464,15 +474,12 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
 }
 
 template <int WT, typename XT>
-void launch_stream_rows(const StreamGemv& p, dim3 grid, cudaStream_t stream) {
-    if (p.rows <= 1)
-        stream_gemv_kernel<WT, XT, 1><<<grid, kStreamThreads, 0, stream>>>(p);
-    else if (p.rows <= 2)
-        stream_gemv_kernel<WT, XT, 2><<<grid, kStreamThreads, 0, stream>>>(p);
-    else if (p.rows <= 4)
-        stream_gemv_kernel<WT, XT, 4><<<grid, kStreamThreads, 0, stream>>>(p);
-    else
-        stream_gemv_kernel<WT, XT, 8><<<grid, kStreamThreads, 0, stream>>>(p);
+int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
+    const char* what = "stream_gemv_kernel";
+    if (p.rows <= 1) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 1>, grid, dim3(kStreamThreads), 0, p);
+    if (p.rows <= 2) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 2>, grid, dim3(kStreamThreads), 0, p);
+    if (p.rows <= 4) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 4>, grid, dim3(kStreamThreads), 0, p);
+    return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 8>, grid, dim3(kStreamThreads), 0, p);
 }
 
 // XINFER_CUDA_DENSE_GEMV=0 restores the previous routing (cuBLASLt for bf16/f32 weights, gemv_kernel
@@ -535,16 +542,10 @@ int launch_stream_gemv(Context* c, StreamGemv p, int w_dtype, int x_dtype) {
         return XINFER_ERROR;
     }
     const dim3 grid = dim3(unsigned(blocks), 1, 1);
-    if (w_dtype == XINFER_DTYPE_BF16)
-        launch_stream_rows<int(XINFER_DTYPE_BF16), __nv_bfloat16>(p, grid, c->stream);
-    else if (w_dtype == XINFER_DTYPE_F8_E4M3)
-        launch_stream_rows<int(XINFER_DTYPE_F8_E4M3), __nv_bfloat16>(p, grid, c->stream);
-    else if (x_dtype == XINFER_DTYPE_F32)
-        launch_stream_rows<int(XINFER_DTYPE_F32), float>(p, grid, c->stream);
-    else
-        launch_stream_rows<int(XINFER_DTYPE_F32), __nv_bfloat16>(p, grid, c->stream);
-    XCUDA_CHECK_LAUNCH(c, "stream_gemv_kernel");
-    return XINFER_OK;
+    if (w_dtype == XINFER_DTYPE_BF16) return launch_stream_rows<int(XINFER_DTYPE_BF16), __nv_bfloat16>(c, p, grid);
+    if (w_dtype == XINFER_DTYPE_F8_E4M3) return launch_stream_rows<int(XINFER_DTYPE_F8_E4M3), __nv_bfloat16>(c, p, grid);
+    if (x_dtype == XINFER_DTYPE_F32) return launch_stream_rows<int(XINFER_DTYPE_F32), float>(c, p, grid);
+    return launch_stream_rows<int(XINFER_DTYPE_F32), __nv_bfloat16>(c, p, grid);
 }
 
 // ---- cuBLASLt --------------------------------------------------------------------------------------

@@ -51,11 +51,10 @@ __global__ void route_kernel(const float* logits /*[T, E]*/, const float* bias /
     float* scores = smem;                                          // [E]
     float* selection = scores + E;                                 // [E]
     float* group_score = selection + E;                            // [n_group]
-    unsigned char* taken = reinterpret_cast<unsigned char*>(group_score + n_group);  // [E]
-    unsigned char* keep_group = taken + E;                         // [n_group]
+    unsigned char* keep_group = reinterpret_cast<unsigned char*>(group_score + n_group);  // [n_group]
     __shared__ float reduce[32];
-    __shared__ ArgBest reduce_arg[32];
     __shared__ int32_t chosen[64];
+    pdl_begin();
 
     const int64_t t = blockIdx.x;
     const float* row = logits + t * E;
@@ -77,10 +76,7 @@ __global__ void route_kernel(const float* logits /*[T, E]*/, const float* bias /
     } else {
         for (int e = threadIdx.x; e < E; e += blockDim.x) scores[e] = 1.f / (1.f + expf(-row[e]));
     }
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        selection[e] = scores[e] + (bias ? bias[e] : 0.f);
-        taken[e] = 0;
-    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x) selection[e] = scores[e] + (bias ? bias[e] : 0.f);
     __syncthreads();
 
     if (topk_group < n_group) {
@@ -114,17 +110,24 @@ __global__ void route_kernel(const float* logits /*[T, E]*/, const float* bias /
         __syncthreads();
     }
 
-    for (int i = 0; i < top_k; ++i) {
-        ArgBest local{-INFINITY, -1};
-        for (int e = threadIdx.x; e < E; e += blockDim.x)
-            if (!taken[e]) local = arg_better(local, ArgBest{selection[e], e});
-        const ArgBest best = block_arg_best(local, reduce_arg);
-        if (threadIdx.x == 0) {
-            chosen[i] = best.index;
-            if (best.index >= 0) taken[best.index] = 1;
+    // Top-k by rank, in one pass (a loop of top_k block-wide argmax reductions cost ~5 µs of
+    // barriers per decode step and layer): an expert's rank is the number of experts that beat
+    // it, by selection descending, ties to the lower index; NaN never beats and is never chosen.
+    // Ranks of the non-NaN experts are distinct, so chosen[rank] = e fills slots 0..min(k, n)-1;
+    // the rest stay -1.
+    for (int i = threadIdx.x; i < top_k; i += blockDim.x) chosen[i] = -1;
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float v = selection[e];
+        if (isnan(v)) continue;
+        int rank = 0;
+        for (int f = 0; f < E; ++f) {
+            const float u = selection[f];
+            rank += u > v || (u == v && f < e);  // false for a NaN u
         }
-        __syncthreads();
+        if (rank < top_k) chosen[rank] = e;
     }
+    __syncthreads();
     if (threadIdx.x == 0) {
         float sum = 0.f;
         for (int i = 0; i < top_k; ++i) sum += chosen[i] >= 0 ? scores[chosen[i]] : 0.f;
@@ -495,11 +498,9 @@ __device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat
     }
 }
 
-// Programmatic dependent launch (sm_90): the down kernel may start (and build its plan) while the
-// gate_up kernel finishes; it waits for the gate_up grid's results before reading h. Both
-// instructions are no-ops without the launch attribute.
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Programmatic dependent launch (launch_pdl): gate_up waits for the router before it reads the
+// ids and lets the down kernel launch at once; down builds its plan from the ids (complete: the
+// router finished before gate_up passed its wait) and waits for gate_up's grid before reading h.
 
 template <bool kFp8, int kNT, int kU>
 __global__ void __launch_bounds__(kGateWarps * 32, 2)
@@ -511,8 +512,8 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     // The second half of the warps' partial sums (the half of H they streamed), per 16-row tile.
     __shared__ float partner[kGateTiles][kNT][8][32];
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
+    pdl_begin();
     const int nd = moe_block_plan(ids, P, E, cnt, end, list, slot_expert);
-    pdl_launch_dependents();
     const int j = blockIdx.y;
     if (j >= nd) return;  // block-uniform
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -637,7 +638,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
     float* part = reinterpret_cast<float*>(plan_smem + moe_plan_ints(P, E));  // [P, 16]
     const int nd = moe_block_plan(ids, P, E, cnt, end, list, slot_expert);
-    pdl_wait();  // h comes from the gate_up kernel
+    pdl_begin();  // h comes from the gate_up kernel
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const int64_t n0 = int64_t(blockIdx.x) * 16;
     const int64_t r0 = min(n0 + g, H - 1), r1 = min(n0 + g + 8, H - 1);
@@ -735,11 +736,6 @@ bool moe_grouped_enabled() {
     static const bool enabled = env_flag("XINFER_CUDA_MOE_GROUPED", true);
     return enabled;
 }
-// XINFER_CUDA_MOE_PDL=0: launch the grouped down kernel without programmatic dependent launch.
-bool moe_pdl_enabled() {
-    static const bool enabled = env_flag("XINFER_CUDA_MOE_PDL", true);
-    return enabled;
-}
 // The grouped path runs while pairs per touched expert (P / min(E, P), the FLOPs per weight byte
 // of the step up to the dtype's size) stay at or below this; more go to the tiled GEMM.
 // XINFER_CUDA_MOE_GROUPED_PAIRS_PER_EXPERT overrides it (0: grouped only for P ≤ 64).
@@ -774,11 +770,9 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     const int P = a.T * a.top_k;
     const size_t smem = size_t(moe_plan_ints(P, a.E)) * 4;
     const dim3 grid(unsigned(ceil_div(a.I, 16 * kGateTiles)), unsigned(std::min(P, a.E)));
-    moe_grouped_gate_up_kernel<kFp8, kNT, kU><<<grid, kGateWarps * 32, smem, c->stream>>>(
-        a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale, a.gu_scale_rows, a.gu_scale_cols, a.block_rows,
-        a.block_cols, a.I, a.H, a.h);
-    XCUDA_CHECK_LAUNCH(c, "moe_grouped_gate_up_kernel");
-    return XINFER_OK;
+    return launch_pdl(c, "moe_grouped_gate_up_kernel", moe_grouped_gate_up_kernel<kFp8, kNT, kU>, grid,
+                      dim3(kGateWarps * 32), smem, a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale,
+                      a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h);
 }
 
 template <bool kFp8, int kNT>
@@ -786,21 +780,11 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
     constexpr int kU = kNT == 1 ? 8 : kNT == 2 ? 4 : 2;
     const int P = a.T * a.top_k;
     const size_t smem = size_t(moe_plan_ints(P, a.E)) * 4 + size_t(P) * 16 * 4;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(ceil_div(a.H, 16)));
-    cfg.blockDim = dim3(kDownWarps * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = moe_pdl_enabled() ? 1 : 0;
-    XCUDA_TRY(c, cudaLaunchKernelEx(&cfg, moe_grouped_down_kernel<kFp8, kNT, kU>, static_cast<const __nv_bfloat16*>(a.h),
-                                    a.ids, a.weights, a.T, a.top_k, a.E, a.down, a.down_scale, a.dn_scale_rows,
-                                    a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.out, a.out_dtype));
-    XCUDA_CHECK_LAUNCH(c, "moe_grouped_down_kernel");
-    return XINFER_OK;
+    return launch_pdl(c, "moe_grouped_down_kernel", moe_grouped_down_kernel<kFp8, kNT, kU>,
+                      dim3(unsigned(ceil_div(a.H, 16))), dim3(kDownWarps * 32), smem,
+                      static_cast<const __nv_bfloat16*>(a.h), a.ids, a.weights, a.T, a.top_k, a.E, a.down,
+                      a.down_scale, a.dn_scale_rows, a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.out,
+                      a.out_dtype);
 }
 
 template <int kNT>
@@ -885,16 +869,15 @@ int op_moe_route(Context* c, const xinfer_op* op, bool run) {
     if (rp.top_k < 1 || rp.top_k > 64 || rp.top_k > rp.topk_group * (E / rp.n_group))
         return unsupported(c, op, "top_k %d must be in [1, min(64, topk_group x experts per group = %lld)]", rp.top_k,
                            (long long)(rp.topk_group * (E / rp.n_group)));
-    const size_t smem = size_t(2 * E + rp.n_group) * sizeof(float) + size_t(E + rp.n_group);
+    const size_t smem = size_t(2 * E + rp.n_group) * sizeof(float) + size_t(rp.n_group);
     if (smem > 48 * 1024) return unsupported(c, op, "E=%lld experts exceed the router's shared memory", (long long)E);
     if (!run || T == 0) return XINFER_OK;
     const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, ceil_div(E, 32) * 32)));
-    route_kernel<<<unsigned(T), threads, smem, c->stream>>>(
-        static_cast<const float*>(logits.data), absent(bias) ? nullptr : static_cast<const float*>(bias.data), int(E),
-        rp.scoring, rp.top_k, rp.n_group, rp.topk_group, rp.norm_topk_prob, rp.routed_scaling_factor,
-        static_cast<int32_t*>(ids.data), static_cast<float*>(weights.data));
-    XCUDA_CHECK_LAUNCH(c, "route_kernel");
-    return XINFER_OK;
+    return launch_pdl(c, "route_kernel", route_kernel, dim3(unsigned(T)), dim3(threads), smem,
+                      static_cast<const float*>(logits.data),
+                      absent(bias) ? nullptr : static_cast<const float*>(bias.data), int(E), rp.scoring, rp.top_k,
+                      rp.n_group, rp.topk_group, rp.norm_topk_prob, rp.routed_scaling_factor,
+                      static_cast<int32_t*>(ids.data), static_cast<float*>(weights.data));
 }
 
 int op_moe_experts(Context* c, const xinfer_op* op, bool run) {

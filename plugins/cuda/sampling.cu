@@ -124,6 +124,7 @@ __device__ ArgBest row_argmax(const void* logits, int dtype, int64_t V, ArgBest*
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const void* logits /*[R, V]*/, int dtype, int64_t V,
                                                           int32_t* out /*[R]*/) {
     __shared__ ArgBest shared[32];
+    pdl_begin();
     const int64_t r = blockIdx.x;
     const ArgBest best = row_argmax(static_cast<const char*>(logits) + r * V * int64_t(dtype_bytes(dtype)), dtype, V,
                                     shared);
@@ -174,10 +175,8 @@ int op_argmax(Context* c, const xinfer_op* op, bool run) {
                            shape_str(logits).c_str(), shape_str(out).c_str());
     const int64_t R = logits.shape[0];
     if (!run || R == 0) return XINFER_OK;
-    argmax_kernel<<<unsigned(R), kThreads, 0, c->stream>>>(logits.data, logits.dtype, logits.shape[1],
-                                                          static_cast<int32_t*>(out.data));
-    XCUDA_CHECK_LAUNCH(c, "argmax_kernel");
-    return XINFER_OK;
+    return launch_pdl(c, "argmax_kernel", argmax_kernel, dim3(unsigned(R)), dim3(kThreads), 0, logits.data,
+                      logits.dtype, logits.shape[1], static_cast<int32_t*>(out.data));
 }
 
 int op_sample(Context* c, const xinfer_op* op, bool run) {
