@@ -558,18 +558,23 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // past the real tiles exit at once).
     const int64_t row_tiles = ceil_div(T * a.group, kRows) + b.n_seqs;
     // n_split from host-known bounds: enough blocks for ~2 waves of 2 blocks per SM, each split at
-    // least kMinSplitTiles tiles and at most kMaxSplits splits, so the partials and the combine stay
+    // least min_split_tiles tiles and at most kMaxSplits splits, so the partials and the combine stay
     // small next to the keys read. Measured on H200 (ops-test --perf): 4 tiles rather than 2 took
     // batched sliding-window decode (32 seqs, window 128) from 48 to 28 µs and serving at
     // concurrency 32 from 68.8% to 71.1% of its roofline; the 64-split cap took a 32K-key decode
     // from 122 to 76 µs, where 4K keys (17 splits) stayed at 40 µs.
-    constexpr int64_t kMinSplitTiles = 4, kMaxSplits = 64;
+    constexpr int64_t kMaxSplits = 64;
     const int64_t est_blocks = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, kRows)) * nkv;
+    // With fewer than 64 (sequence, KV head) blocks (batch-1 decode, verification) a block is a
+    // latency chain, so splits go down to one tile each: MiMo batch 1 on H200, sliding layer
+    // 15.4 -> 9.2 + 4.5 (combine) µs, 4K-key full layer 25.3 + 7.1 -> 15.0 + 4.5 µs, decode
+    // 63.4 -> 64.0% of copy bandwidth.
+    const int64_t min_split_tiles = est_blocks < 64 ? 1 : 4;
     int64_t key_span = int64_t(b.max_pages_per_seq) * b.page_size;
     if (ap.window > 0) key_span = std::min<int64_t>(key_span, (ap.causal ? 1 : 2) * int64_t(ap.window) + kRows);
     const int64_t target = 4 * int64_t(c->sm_count);
     const int n_split = int(std::clamp<int64_t>(
-        std::min({ceil_div(target, std::max<int64_t>(est_blocks, 1)), ceil_div(key_span, kMinSplitTiles * kTileKeys),
+        std::min({ceil_div(target, std::max<int64_t>(est_blocks, 1)), ceil_div(key_span, min_split_tiles * kTileKeys),
                   kMaxSplits}),
         1, kMaxSplits));
     a.n_split = n_split;
