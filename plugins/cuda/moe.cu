@@ -234,6 +234,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32)
     moe_gate_up_swiglu_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int top_k, int E,
                               const __nv_bfloat16* gate_up /*[E, 2I, H]*/, int64_t P, int64_t I, int64_t H,
                               __nv_bfloat16* h_out /*[P, I]*/) {
+    pdl_begin();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t i = int64_t(blockIdx.x) * kStreamWarps + warp, p = blockIdx.y;
     if (i >= I) return;
@@ -787,10 +788,23 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
                       a.out_dtype);
 }
 
+// One token, bf16 experts: every pair has its own expert (a token picks an expert once), so the
+// per-pair stream kernel reads the same bytes as the grouped one, with 512 contiguous bytes of a
+// row per load instruction instead of 64 bytes of 8 rows. MiMo's 8 experts (268 MB) on H200
+// (ncu): 67-70 µs against 77 µs. The grouped down kernel stays: 42 µs against the stream's 51.
+int launch_stream_gate_up(Context* c, const GroupedArgs& a) {
+    const int64_t P = int64_t(a.T) * a.top_k;
+    return launch_pdl(c, "moe_gate_up_swiglu_kernel", moe_gate_up_swiglu_kernel,
+                      dim3(unsigned(ceil_div(a.I, kStreamWarps)), unsigned(P)), dim3(kStreamWarps * 32), 0, a.x,
+                      a.ids, a.top_k, a.E, static_cast<const __nv_bfloat16*>(a.gate_up), P, a.I, a.H, a.h);
+}
+
 template <int kNT>
 int launch_grouped(Context* c, const GroupedArgs& a, bool gate_up_fp8, bool down_fp8) {
-    if (int rc = gate_up_fp8 ? launch_grouped_gate_up<true, kNT>(c, a) : launch_grouped_gate_up<false, kNT>(c, a))
-        return rc;
+    const int rc = a.T == 1 && !gate_up_fp8 ? launch_stream_gate_up(c, a)
+                   : gate_up_fp8            ? launch_grouped_gate_up<true, kNT>(c, a)
+                                            : launch_grouped_gate_up<false, kNT>(c, a);
+    if (rc) return rc;
     return down_fp8 ? launch_grouped_down<true, kNT>(c, a) : launch_grouped_down<false, kNT>(c, a);
 }
 
