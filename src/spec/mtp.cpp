@@ -197,6 +197,8 @@ MtpDrafter::MtpDrafter(const SpeculativeConfig& config, const DrafterContext& co
 
 MtpDrafter::~MtpDrafter() = default;
 
+int64_t MtpDrafter::context_window() const { return attn_.window > 0 ? int64_t(n_heads_) * attn_.window : -1; }
+
 Tensor MtpDrafter::allocate(DType dtype, std::initializer_list<int64_t> shape) {
     Tensor t(nullptr, dtype, shape);
     weight_buffers_.push_back(backend_.alloc(t.nbytes()));
@@ -243,7 +245,7 @@ std::vector<int32_t> MtpDrafter::run_head(int head, const HeadBatch& batch, cons
     const int n_seqs = int(batch.seqs.size());
     XINFER_CHECK(out.dim(0) == n && out.cols() == H, "MTP head {}: output {} for {} rows", head, out.shape_string(), n);
 
-    // Metadata: cache slots (the attention's positions), RoPE positions = slot + head, page tables.
+    // Metadata: cache slots (the attention's positions), RoPE positions (absolute), page tables.
     const KvGroupLayout& group = hc.kv->layout().groups[0];
     const int64_t per_page = group.tokens_per_page;
     std::vector<int32_t> slots_pos, rope_pos, cu{0}, kv_lens, slot_mapping, logit_rows;
@@ -256,7 +258,7 @@ std::vector<int32_t> MtpDrafter::run_head(int head, const HeadBatch& batch, cons
         for (int64_t i = 0; i < batch.n_rows[size_t(s)]; ++i) {
             const int64_t slot = batch.first_slot[size_t(s)] + i;
             slots_pos.push_back(int32_t(slot));
-            rope_pos.push_back(int32_t(slot + head));
+            rope_pos.push_back(int32_t(batch.first_position[size_t(s)] + i));
             const int32_t page = pages[size_t(slot / per_page)];
             XINFER_CHECK(page >= 0, "MTP head {} sequence {}: slot {} lies on a released page", head,
                          batch.seqs[size_t(s)], slot);
@@ -363,8 +365,10 @@ void MtpDrafter::observe(const TargetHidden& hidden) {
             it = states_.end();
         }
         if (it == states_.end()) {
-            if (s.start_position != 0) continue;  // missed its beginning: no drafts for it
+            // A mid-context start (prefix-cache hit) is observed from there on (see mtp.h).
+            if (s.start_position != 0 && context_window() < 0) continue;
             SequenceState state;
+            state.base = state.observed = s.start_position;
             state.slot = take_slot(s.seq);
             states_.emplace(s.seq, state);
             for (HeadCache& hc : caches_) hc.kv->add_sequence(s.seq, {});
@@ -425,13 +429,14 @@ void MtpDrafter::observe_pass(const TargetHidden& hidden, const std::vector<size
         for (size_t i = 0; i < n_entries; ++i) {
             const TargetHidden::Sequence& s = hidden.sequences[entries[i]];
             const SequenceState& state = states_.at(s.seq);
-            const int64_t first = std::max<int64_t>(state.observed, k), last = ends[i];
+            const int64_t first = std::max<int64_t>(state.observed, state.base + k), last = ends[i];
             if (first > last) continue;
             members.push_back(i);
             first_pos_of[i] = first;
             first_row_of[i] = int64_t(batch.tokens.size());
             batch.seqs.push_back(s.seq);
-            batch.first_slot.push_back(first - k);
+            batch.first_slot.push_back(first - k - state.base);
+            batch.first_position.push_back(first);
             batch.n_rows.push_back(last - first + 1);
             for (int64_t q = first; q <= last; ++q) {
                 batch.tokens.push_back(s.tokens[size_t(q + 1)]);
@@ -445,9 +450,10 @@ void MtpDrafter::observe_pass(const TargetHidden& hidden, const std::vector<size
                     batch.source_rows.push_back(int32_t(prev_rows + state.slot));
                 }
             }
-            if (!hc.kv->allocate(s.seq, last - k + 1))
+            const int64_t slots = last - k - state.base + 1;
+            if (!hc.kv->allocate(s.seq, slots))
                 fail("MTP head {}: KV pool full: sequence {} needs {} pages for {} slots; {} of {} pages free", k, s.seq,
-                     hc.kv->pages_needed(s.seq, last - k + 1), last - k + 1, hc.kv->free_pages(), hc.kv->n_pages());
+                     hc.kv->pages_needed(s.seq, slots), slots, hc.kv->free_pages(), hc.kv->n_pages());
         }
         if (members.empty()) break;  // later heads start at later positions: nothing for them either
 
@@ -472,7 +478,7 @@ void MtpDrafter::observe_pass(const TargetHidden& hidden, const std::vector<size
             const TargetHidden::Sequence& s = hidden.sequences[entries[i]];
             SequenceState& state = states_.at(s.seq);
             const int64_t last_row = first_row_of[i] + batch.n_rows[m] - 1;
-            hc.kv->commit(s.seq, s.tokens, ends[i] - k + 1);
+            hc.kv->commit(s.seq, s.tokens, ends[i] - k - state.base + 1);
             pending.push_back({k, state.slot, out.slice(last_row, 1)});
             if (k == 0) {
                 const int64_t logit_row = batch.all_logits ? last_row : int64_t(m);
@@ -499,7 +505,7 @@ std::vector<std::vector<int32_t>> MtpDrafter::propose(std::span<const DraftReque
     std::vector<int64_t> n_drafts(requests.size(), 0);
     for (size_t r = 0; r < requests.size(); ++r) {
         auto it = states_.find(requests[r].seq);
-        if (it == states_.end() || it->second.observed == 0) continue;
+        if (it == states_.end() || it->second.observed == it->second.base) continue;
         // The anchor (tokens.back()) must be the token after the last observed position.
         if (int64_t(requests[r].tokens.size()) != it->second.observed + 1) continue;
         n_drafts[r] = std::min<int64_t>(requests[r].max_drafts, n_heads_);
@@ -523,14 +529,15 @@ std::vector<std::vector<int32_t>> MtpDrafter::propose(std::span<const DraftReque
             if (n_drafts[r] <= k) continue;
             const SequenceState& state = states_.at(requests[r].seq);
             const int64_t P = state.observed - 1;  // last committed position
-            // Positions P+1..P+k in slots P+1-k..P; positions below k do not exist for head k
-            // (short prompts), its chain then starts at position k, slot 0.
-            const int64_t first = std::max<int64_t>(P + 1, k);
+            // Positions P+1..P+k in slots P+1-k-base..P-base; positions below base + k do not exist
+            // for head k (short prompts), its chain then starts at position base + k, slot 0.
+            const int64_t first = std::max<int64_t>(P + 1, state.base + k);
             members.push_back(r);
             first_row_of[r] = int64_t(batch.tokens.size());
             first_pos_of[r] = first;
             batch.seqs.push_back(requests[r].seq);
-            batch.first_slot.push_back(first - k);
+            batch.first_slot.push_back(first - k - state.base);
+            batch.first_position.push_back(first);
             batch.n_rows.push_back(P + k - first + 1);
             for (int64_t q = first; q <= P + k; ++q) {
                 batch.tokens.push_back(drafts[r][size_t(q - P - 1)]);  // t_{q+1} = d_{q-P-1}
@@ -544,9 +551,9 @@ std::vector<std::vector<int32_t>> MtpDrafter::propose(std::span<const DraftReque
                     batch.source_rows.push_back(int32_t(prev_first_row[r] + (q - 1 - prev_first_pos[r])));
                 }
             }
-            if (!hc.kv->allocate(requests[r].seq, P + 1))
+            if (!hc.kv->allocate(requests[r].seq, P + 1 - state.base))
                 fail("MTP head {}: KV pool full drafting for sequence {} ({} slots; {} of {} pages free)", k,
-                     requests[r].seq, P + 1, hc.kv->free_pages(), hc.kv->n_pages());
+                     requests[r].seq, P + 1 - state.base, hc.kv->free_pages(), hc.kv->n_pages());
         }
         if (members.empty()) break;
         Tensor source = workspace_.make(act_, {prev_rows + max_seqs_, H});

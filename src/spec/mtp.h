@@ -23,6 +23,11 @@
 //    committed tokens and target hiddens only. Head k stores position q in cache slot q − k (its
 //    first position has no input before it); RoPE uses the absolute position q, and the window
 //    mask sees slot distances, which equal position distances.
+//  - A sequence first observed at position b > 0 (after a prefix-cache hit) is observed as if it
+//    began there: head k starts at position b + k, in slot q − k − b. Head k's row at q is then
+//    exact once every key its window reaches is, i.e. for q ≥ b + (k + 1)·(W − 1) with window W,
+//    so context_window() asks the scheduler to keep n_heads·W prompt positions out of the hit:
+//    the first draft chain then equals a cold run's.
 //  - propose() runs head k ≥ 1 over positions P+1..P+k: position P+j on (out^{k-1}_{P+j-1}, d_{j-1})
 //    (positions below k skipped: a short prompt's chain still has all k+1 drafts)
 //    — out^{k-1}_P from observe, the others from head k−1's own propose rows. These are exactly
@@ -79,9 +84,8 @@ public:
     void observe(const TargetHidden& hidden) override;
     std::vector<std::vector<int32_t>> propose(std::span<const DraftRequest> requests) override;
     void release(int seq) override;
-    // Every head must have observed a sequence from position 0 (a sequence first seen mid-context,
-    // after a prefix-cache hit, gets no drafts; its output is unchanged).
-    int64_t context_window() const override { return -1; }
+    // n_heads · W positions (see "A sequence first observed at position b" above).
+    int64_t context_window() const override;
 
     // Debug/test hook: with a tap set, every head forward also computes logits for ALL its rows
     // and reports them as ("mtp_logits", head, [rows, vocab] f32) from observe() and
@@ -96,7 +100,8 @@ public:
 private:
     struct SequenceState {
         int slot = 0;          // row in last_hidden_ tables
-        int64_t observed = 0;  // positions 0..observed-1 went through head 0 (and k..observed-1 through head k)
+        int64_t base = 0;      // first observed position (> 0 after a prefix-cache hit)
+        int64_t observed = 0;  // positions base..observed-1 went through head 0 (base+k.. through head k)
         int32_t next_draft = -1;  // head 0's argmax at position observed-1
     };
     struct HeadCache {
@@ -108,6 +113,7 @@ private:
     struct HeadBatch {
         std::vector<int> seqs;                 // per sequence
         std::vector<int64_t> first_slot;       // per sequence: cache slot of its first row
+        std::vector<int64_t> first_position;   // per sequence: position of its first row (RoPE)
         std::vector<int64_t> n_rows;           // per sequence
         std::vector<int32_t> tokens;           // [rows] token at q + 1 of each row
         std::vector<int32_t> source_rows;      // [rows] row of the input-hidden table

@@ -224,6 +224,41 @@ TEST(MtpDrafter, LongChunkEqualsSmallChunks) {
     EXPECT_EQ(results[0], results[1]);
 }
 
+// A sequence first observed mid-context (after a prefix-cache hit the target runs only the tail)
+// drafts exactly what a drafter that saw it from position 0 drafts, once context_window()
+// positions are observed (3 heads × window 8). A start inside that window still yields a whole
+// chain (here a different one).
+TEST(MtpDrafter, MidContextStartMatchesAFullObservation) {
+    Target target("mimo_mtp_f32");
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 201; ++i) tokens.push_back(int32_t((i * 7919 + 13) % 509 + 3));
+    const int64_t n = 200;
+    auto full = target.drafter(3, 1);
+    ASSERT_EQ(full->context_window(), 24);
+    std::vector<std::vector<int32_t>> drafts;
+    for (int64_t start : {int64_t(0), n - 24, n - 40, n - 5}) {
+        auto drafter = target.drafter(3, 1);
+        RunnerOptions options;
+        options.page_size = 4;
+        options.n_pages = 1024;
+        options.feature_layers = {kFinalNormFeature};
+        Runner runner(*target.model, *target.backend, options);
+        if (start > 0) {  // the target's cached prefix: run, but not observed by the drafter
+            std::vector<SequenceChunk> chunk{{0, 0, std::span(tokens).first(size_t(start)), false}};
+            runner.step(chunk);
+        }
+        step_and_observe(runner, *drafter, {0}, {tokens}, {start}, {n});
+        const DraftRequest request{0, std::vector<int32_t>(tokens.begin(), tokens.begin() + n + 1), 3};
+        drafts.push_back(drafter->propose(std::span(&request, 1))[0]);
+        ASSERT_EQ(drafts.back().size(), 3u) << "start " << start;
+    }
+    EXPECT_EQ(drafts[1], drafts[0]) << "started context_window() positions before the anchor";
+    EXPECT_EQ(drafts[2], drafts[0]) << "started 40 positions before the anchor";
+    // The control that makes the equalities above mean something: 5 observed positions are too
+    // few for these heads (their windows reach 24 back), and the chain differs.
+    EXPECT_NE(drafts[3], drafts[0]) << "started 5 positions before the anchor";
+}
+
 TEST(MtpDrafter, ClearErrors) {
     {
         Target target("mimo_native_f32");  // same target, no MTP tensors

@@ -114,6 +114,45 @@ TEST_P(MtpEngineTest, GreedyBatchedChunkedIsLossless) {
     EXPECT_EQ(run(prompts, {4, 4096, 0}, max_tokens, true), expected);
 }
 
+// Prefix caching composes with MTP: a second request with the same prompt is served from the
+// target's cache except for the last context_window() prompt positions, which the heads observe,
+// so it drafts from its first step and proposes what the cold first request proposed.
+TEST_P(MtpEngineTest, DraftsAfterPrefixCacheHit) {
+    RunnerOptions runner_options;
+    runner_options.page_size = 4;
+    runner_options.n_pages = 512;
+    runner_options.enable_prefix_caching = true;
+    runner_options.feature_layers = {kFinalNormFeature};
+    Runner runner(*model_, *backend_, runner_options);
+    const auto expected = run({fixture_.prompt}, {1, 4096, 0}, 16, false)[0];
+    SpecCounters counters[2];
+    std::vector<std::vector<int32_t>> proposals[2];
+    int64_t hits = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+        SpeculativeConfig config;
+        config.method = "mtp";
+        config.num_speculative_tokens = GetParam().k;
+        std::unique_ptr<Drafter> drafter =
+            make_drafter(config, DrafterContext{*model_, *backend_, dir_.string(), false, 1, 4096});
+        std::unique_ptr<Engine> engine = make_engine(runner, {1, 4096, 0}, drafter.get());
+        engine->submit(fixture_.prompt, {}, 16);
+        std::vector<int32_t> tokens;
+        while (engine->has_work())
+            for (const RequestOutput& out : engine->step()) {
+                tokens.insert(tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+                if (out.accepted >= 0) proposals[pass].push_back(out.proposed);
+            }
+        EXPECT_EQ(tokens, expected) << "pass " << pass;
+        counters[pass] = engine->stats().spec;
+        hits = engine->stats().prefix_hit_tokens;
+    }
+    EXPECT_GT(hits, 0) << "the second pass did not hit the prefix cache";
+    EXPECT_GT(counters[0].num_drafts, 0);
+    EXPECT_EQ(counters[1].num_drafts, counters[0].num_drafts);
+    EXPECT_EQ(proposals[1], proposals[0]);
+    runner.kv().check_integrity();
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpEngineTest,
                          ::testing::Values(Case{"mimo_hub_f32", 1}, Case{"mimo_mtp_f32", 3}, Case{"mimo_mtp_f32", 2},
                                            Case{"mimo_hub_fp8", 1}),
