@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <unordered_set>
 
 namespace xinfer {
@@ -100,7 +101,7 @@ int64_t KvCacheManager::released_pages(size_t group, int64_t committed) const {
     return std::max<int64_t>(0, committed - layout.window + 1) / layout.tokens_per_page;
 }
 
-int64_t KvCacheManager::add_sequence(int seq, std::span<const int32_t> tokens) {
+int64_t KvCacheManager::add_sequence(int seq, std::span<const int32_t> tokens, int64_t alignment) {
     if (sequences_.count(seq) != 0)
         fail("KvCacheManager::add_sequence: sequence {} already exists ({} tokens allocated)", seq,
              sequences_.at(seq).allocated);
@@ -110,7 +111,7 @@ int64_t KvCacheManager::add_sequence(int seq, std::span<const int32_t> tokens) {
     sequence.check_hashes.resize(layout_.groups.size());
     int64_t reused = 0;
     if (prefix_caching_) {
-        reused = attach_cached_prefix(sequence, tokens);
+        reused = attach_cached_prefix(sequence, tokens, alignment);
         prefix_queries_ += int64_t(tokens.size());
         prefix_hits_ += reused;
     }
@@ -119,8 +120,10 @@ int64_t KvCacheManager::add_sequence(int seq, std::span<const int32_t> tokens) {
     return reused;
 }
 
-int64_t KvCacheManager::attach_cached_prefix(Sequence& sequence, std::span<const int32_t> tokens) {
-    const int64_t block = layout_.block_tokens();
+int64_t KvCacheManager::attach_cached_prefix(Sequence& sequence, std::span<const int32_t> tokens,
+                                             int64_t alignment) {
+    if (alignment < 1) fail("KvCacheManager::add_sequence: alignment {} must be at least 1", alignment);
+    const int64_t block = std::lcm(layout_.block_tokens(), alignment);
     // At least one token must be computed, so the sequence has logits to sample from.
     const int64_t longest = tokens.empty() ? 0 : (int64_t(tokens.size()) - 1) / block * block;
     if (longest == 0) return 0;

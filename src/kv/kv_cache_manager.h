@@ -59,8 +59,9 @@ public:
     bool prefix_caching() const { return prefix_caching_; }
 
     // Starts a sequence. With prefix caching, attaches the longest cached prefix of `tokens`
-    // and returns its length (tokens the caller does not need to compute); else 0.
-    int64_t add_sequence(int seq, std::span<const int32_t> tokens);
+    // and returns its length (tokens the caller does not need to compute); else 0. The length is
+    // a multiple of `alignment` too (a drafter's own cache granularity, see Drafter::prefix_cache_block).
+    int64_t add_sequence(int seq, std::span<const int32_t> tokens, int64_t alignment = 1);
     // Pages `seq` would need to grow to `n_tokens` (0 if it already has them).
     int64_t pages_needed(int seq, int64_t n_tokens) const;
     // Grows `seq` to hold tokens [0, n_tokens). False (and no change) if the pool is short.
@@ -108,8 +109,9 @@ private:
                    std::span<const int32_t> page_tokens) const;
     // Extends both hash chains of `sequence` in `group` over the full pages of tokens [0, n_tokens).
     void extend_hashes(Sequence& sequence, size_t group, std::span<const int32_t> tokens, int64_t n_tokens) const;
-    // Longest usable cached prefix of `tokens`: attaches its pages to `sequence`, returns its length.
-    int64_t attach_cached_prefix(Sequence& sequence, std::span<const int32_t> tokens);
+    // Longest usable cached prefix of `tokens` that is a multiple of `alignment`: attaches its
+    // pages to `sequence`, returns its length.
+    int64_t attach_cached_prefix(Sequence& sequence, std::span<const int32_t> tokens, int64_t alignment);
     void register_page(int32_t page, int group, int64_t position, uint64_t hash, uint64_t check_hash,
                        std::span<const int32_t> page_tokens);
     void unregister_page(int32_t page);

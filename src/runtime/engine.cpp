@@ -86,6 +86,7 @@ Engine::Impl::Impl(Runner& runner_, SchedulerOptions options, Drafter* drafter_)
     if (drafter) {
         scheduler_options.num_lookahead_tokens = drafter->num_speculative_tokens();
         scheduler_options.prefix_cache_holdback = std::max<int64_t>(0, drafter->context_window());
+        scheduler_options.prefix_cache_alignment = drafter->prefix_cache_block();
     }
     const KvCacheManager& kv = runner->kv();
     const int64_t longest = max_sequence_tokens(kv.layout(), kv.n_pages(), options.max_num_batched_tokens);

@@ -94,7 +94,8 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
         Request& r = *waiting_.front();
         if (!kv_.has_sequence(int(r.id))) {
             const int64_t lookup = std::max<int64_t>(0, r.n_tokens() - options_.prefix_cache_holdback);
-            r.computed = kv_.add_sequence(int(r.id), std::span<const int32_t>(r.tokens).first(size_t(lookup)));
+            r.computed = kv_.add_sequence(int(r.id), std::span<const int32_t>(r.tokens).first(size_t(lookup)),
+                                          options_.prefix_cache_alignment);
             if (r.n_preemptions == 0 && r.n_generated() == 0) r.cached_prompt = r.computed;
         }
         const int64_t count = std::min(r.n_tokens() - r.computed, budget);

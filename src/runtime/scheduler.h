@@ -31,6 +31,8 @@ struct SchedulerOptions {
     // Tokens at the end of a prompt that a prefix-cache hit leaves to compute, so a drafter sees
     // their hidden states (Drafter::context_window(); 0: the longest hit).
     int64_t prefix_cache_holdback = 0;
+    // Prefix-cache hits are multiples of this many tokens (Drafter::prefix_cache_block()).
+    int64_t prefix_cache_alignment = 1;
 };
 
 // One request's part of a step: tokens [start, start + count) of request->all tokens.

@@ -201,7 +201,10 @@ void DFlashDrafter::build_kv(const DrafterContext& context) {
     XINFER_CHECK(max_model_len > 0, "DFlash drafter: max_model_len {} must be positive", max_model_len);
     const int64_t n_pages = dflash_kv_pages(layout, std::max(1, context.max_num_seqs), max_model_len,
                                             config_.block_size, context.max_num_batched_tokens);
-    kv_ = std::make_unique<KvCacheManager>(std::move(layout), n_pages, /*enable_prefix_caching=*/false);
+    // A drafter with full-attention layers needs every position of a sequence's context, so it
+    // keeps its own prefix cache: a request the target serves from its cache finds the drafter's
+    // K/V of that prefix here (a sliding drafter recomputes its window instead).
+    kv_ = std::make_unique<KvCacheManager>(std::move(layout), n_pages, /*enable_prefix_caching=*/context_window() < 0);
 
     const KvLayout& kv_layout = kv_->layout();
     pool_ = backend_.alloc(size_t(n_pages * kv_layout.page_bytes));
@@ -286,7 +289,15 @@ void DFlashDrafter::observe(const TargetHidden& hidden) {
         if (s.n_committed <= 0) continue;
         auto [it, inserted] = sequences_.try_emplace(s.seq);
         SequenceState& state = it->second;
-        if (inserted) kv_->add_sequence(s.seq, {});
+        if (inserted) {
+            // Started mid-context: restore [0, start) from the drafter's prefix cache if it has
+            // exactly that (the scheduler aligned the target's hit to prefix_cache_block()).
+            const bool restore = kv_->prefix_caching() && s.start_position > 0 &&
+                                 int64_t(s.tokens.size()) > s.start_position;
+            const int64_t restored =
+                kv_->add_sequence(s.seq, restore ? s.tokens.first(size_t(s.start_position) + 1) : s.tokens.first(0));
+            if (restored == s.start_position) state.context = restored;
+        }
         if (state.lost) continue;
         const int64_t end = s.start_position + s.n_committed;
         // First observation mid-context: the positions before it are outside every window the
@@ -352,15 +363,22 @@ void DFlashDrafter::observe(const TargetHidden& hidden) {
     backend_.set_layer(-1);
     backend_.synchronize();
 
-    // KvCacheManager::commit wants the tokens (for prefix hashing, which the drafter keeps off).
+    // KvCacheManager::commit hashes the tokens for the prefix cache. Without one (sliding
+    // drafters) a placeholder stands in for tokens a test's TargetHidden left out; with one,
+    // only positions whose tokens are known are committed (and so registered).
     std::vector<int32_t> placeholder;
     for (const Commit& commit : commits) {
         std::span<const int32_t> tokens = commit.tokens;
-        if (int64_t(tokens.size()) < commit.end) {
-            placeholder.assign(size_t(commit.end), 0);
-            tokens = placeholder;
+        int64_t end = commit.end;
+        if (int64_t(tokens.size()) < end) {
+            if (kv_->prefix_caching()) {
+                end = int64_t(tokens.size());
+            } else {
+                placeholder.assign(size_t(end), 0);
+                tokens = placeholder;
+            }
         }
-        kv_->commit(commit.seq, tokens, commit.end);
+        kv_->commit(commit.seq, tokens, end);
     }
 }
 
@@ -503,6 +521,8 @@ std::vector<std::vector<int32_t>> DFlashDrafter::propose(std::span<const DraftRe
     }
     return drafts;
 }
+
+int64_t DFlashDrafter::prefix_cache_block() const { return kv_->prefix_caching() ? kv_->layout().block_tokens() : 1; }
 
 int64_t DFlashDrafter::context_window() const {
     int64_t widest = 0;

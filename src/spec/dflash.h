@@ -45,8 +45,11 @@
 //
 // A sequence first observed mid-context (the target skipped a cached prefix) is fine for an
 // all-sliding drafter: the engine keeps context_window() positions out of the hit, and keys
-// older than the window are never read. Otherwise, and for any later gap, the sequence gets no
-// drafts until release(): speculation then degrades to plain decoding.
+// older than the window are never read. A drafter with full-attention layers keeps its own
+// prefix cache of the context K/V it injected (pages hashed by token content, like the
+// target's; the engine aligns the target's hits to its blocks) and restores the skipped prefix
+// from it. If that cache lacks the prefix (evicted), and for any later gap, the sequence gets
+// no drafts until release(): speculation then degrades to plain decoding.
 //
 // Not thread-safe: the engine loop owns it. Runs through the Backend facade only.
 #pragma once
@@ -120,6 +123,7 @@ public:
     void release(int seq) override;
     // All-sliding drafters (MiMo's use_swa): the widest window; any full-attention layer: -1.
     int64_t context_window() const override;
+    int64_t prefix_cache_block() const override;
 
     const DFlashConfig& config() const { return config_; }
     const KvCacheManager& kv() const { return *kv_; }

@@ -79,6 +79,11 @@ public:
     // drafts). The scheduler keeps that many prompt tokens out of prefix-cache hits so the
     // drafter observes them.
     virtual int64_t context_window() const { return 0; }
+    // A drafter that needs all of a sequence's context (context_window() = -1) may keep its own
+    // prefix cache of that context, restorable in blocks of this many tokens: the scheduler then
+    // makes the target's prefix-cache hits multiples of it, so the drafter finds the positions
+    // the target skipped in its own cache. 1: no such cache.
+    virtual int64_t prefix_cache_block() const { return 1; }
 };
 
 // What a drafter may borrow from the running target.

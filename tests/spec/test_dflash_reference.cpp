@@ -103,16 +103,20 @@ namespace xinfer::test {
 namespace {
 
 // Prefix caching composes with DFlash: a second request with the same prompt is served from the
-// cache except for the drafter's context window (MiMo dialect: all layers sliding), so it still
-// gets the same drafts; a full-attention drafter (z-lab dialect) cannot use a mid-context start
-// and drafts nothing for it. Greedy tokens are the reference's either way.
-void check_prefix_cache(const std::string& fixture, bool drafts_after_hit) {
+// target's cache. A sliding drafter (MiMo dialect) recomputes its window, which the scheduler
+// keeps out of the hit; a full-attention drafter (z-lab dialect) restores the skipped prefix
+// from its own prefix cache, so with the drafter of the first pass it proposes the same drafts,
+// and a fresh drafter (an empty cache: e.g. evicted) drafts nothing for it. Greedy tokens are
+// the reference's in every case.
+enum class Pass2Drafter { fresh, same };
+void check_prefix_cache(const std::string& fixture, Pass2Drafter pass2, bool drafts_after_hit) {
     TargetModel target = load_target(test_device());
     const DFlashReference ref = load_reference(fixture);
-    // A fresh drafter per pass: the second must not find the first pass's K/V in its pool.
     std::unique_ptr<DFlashDrafter> drafters[2] = {make_dflash(target, dflash_fixture(fixture), 0, false, 2, 256),
                                                   make_dflash(target, dflash_fixture(fixture), 0, false, 2, 256)};
-    DFlashDrafter* drafter = drafters[1].get();
+    if (pass2 == Pass2Drafter::same) drafters[1].reset();
+    DFlashDrafter* pass_drafter[2] = {drafters[0].get(), pass2 == Pass2Drafter::same ? drafters[0].get() : drafters[1].get()};
+    DFlashDrafter* drafter = pass_drafter[1];
     RunnerOptions runner_options;
     runner_options.page_size = 4;
     runner_options.n_pages = 512;
@@ -125,7 +129,7 @@ void check_prefix_cache(const std::string& fixture, bool drafts_after_hit) {
     for (int pass = 0; pass < 2; ++pass) {
         // The prompt plus the first greedy token (49 tokens): a cache hit then stops 1 token
         // short of the prompt's end, inside the drafter's window unless the scheduler holds back.
-        std::unique_ptr<Engine> engine = make_engine(runner, {1, 4096, 0}, drafters[pass].get());
+        std::unique_ptr<Engine> engine = make_engine(runner, {1, 4096, 0}, pass_drafter[pass]);
         std::vector<int32_t> prompt = ref.prompt;
         prompt.push_back(ref.greedy.at(0));
         engine->submit(prompt, {}, ref.max_new_tokens - 1);
@@ -143,20 +147,32 @@ void check_prefix_cache(const std::string& fixture, bool drafts_after_hit) {
     EXPECT_GT(hits, 0) << "the second pass did not hit the prefix cache";
     EXPECT_GT(first.num_drafts, 0);
     if (drafts_after_hit) {
-        // The same drafts: the window the drafter reads was recomputed, not served from the cache.
+        // The same drafts: the drafter's context was recomputed (window) or restored (its cache).
         EXPECT_EQ(proposals[1], proposals[0]);
         EXPECT_EQ(second.num_drafts, first.num_drafts);
         EXPECT_EQ(second.num_accepted_tokens, first.num_accepted_tokens);
-        EXPECT_EQ(drafter->context_window(), 4);
     } else {
         EXPECT_EQ(second.num_drafts, 0);
+    }
+    if (fixture == "dflash_mimo") {
+        EXPECT_EQ(drafter->context_window(), 4);
+        EXPECT_EQ(drafter->prefix_cache_block(), 1);
+    } else {
         EXPECT_EQ(drafter->context_window(), -1);
+        EXPECT_EQ(hits % drafter->prefix_cache_block(), 0) << "the target's hit is not aligned to the drafter's blocks";
     }
     runner.kv().check_integrity();
 }
 
-TEST(DFlashReference, SlidingDrafterDraftsAfterPrefixCacheHit) { check_prefix_cache("dflash_mimo", true); }
-TEST(DFlashReference, FullAttentionDrafterStaysLosslessAfterPrefixCacheHit) { check_prefix_cache("dflash_zlab", false); }
+TEST(DFlashReference, SlidingDrafterDraftsAfterPrefixCacheHit) {
+    check_prefix_cache("dflash_mimo", Pass2Drafter::fresh, true);
+}
+TEST(DFlashReference, FullAttentionDrafterRestoresItsContextAfterPrefixCacheHit) {
+    check_prefix_cache("dflash_zlab", Pass2Drafter::same, true);
+}
+TEST(DFlashReference, FullAttentionDrafterWithAnEmptyCacheStaysLossless) {
+    check_prefix_cache("dflash_zlab", Pass2Drafter::fresh, false);
+}
 
 }  // namespace
 }  // namespace xinfer::test

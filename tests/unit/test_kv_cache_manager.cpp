@@ -184,6 +184,21 @@ TEST(KvPrefixCache, SamePromptReusesTheLargestBlockMultiple) {
     EXPECT_EQ(manager.free_pages(), 40);
 }
 
+// A drafter's own cache granularity (Drafter::prefix_cache_block) bounds the hit to multiples of
+// lcm(block_tokens, alignment): with block 12, alignment 8 gives multiples of 24, alignment 12 or
+// 1 the block itself; a bad alignment is an error that names it.
+TEST(KvPrefixCache, AlignmentRoundsTheHitDownToACommonMultiple) {
+    KvCacheManager manager(small_layout(), 60, true);
+    const PromptA a = compute_prompt_a(manager, 1);
+    EXPECT_EQ(manager.add_sequence(2, a.tokens, 8), 48);  // 48 = 2 × 24
+    EXPECT_EQ(manager.add_sequence(3, slice(a.tokens, 0, 47), 8), 24);
+    EXPECT_EQ(manager.add_sequence(4, slice(a.tokens, 0, 47), 12), 36);
+    EXPECT_EQ(manager.add_sequence(5, slice(a.tokens, 0, 47), 1), 36);
+    EXPECT_EQ(manager.add_sequence(6, a.tokens, 30), 0);  // lcm 60 > 49 - 1
+    manager.check_integrity();
+    EXPECT_NE(error_message([&] { manager.add_sequence(7, a.tokens, 0); }).find("alignment 0"), std::string::npos);
+}
+
 TEST(KvPrefixCache, ADifferentTokenLimitsTheHitToTheBlocksBeforeIt) {
     KvCacheManager manager(small_layout(), 60, true);
     const PromptA a = compute_prompt_a(manager, 1);
