@@ -76,10 +76,12 @@ int cuda_fail(Context* c, cudaError_t err, const char* what);
 
 // Hopper can launch a kernel while the previous kernel on the stream is still finishing: its
 // blocks are scheduled early and wait in pdl_begin() (device_utils.cuh) until that grid has
-// completed and its writes are visible. A batch-1 decode step is ~700 small dependent kernels,
-// so hiding each one's launch latency is worth ~1 µs per kernel. Every kernel launched with
-// launch_pdl must call pdl_begin() before its first global memory access; graphs capture the
-// programmatic edges. XINFER_CUDA_PDL=0 launches plainly.
+// completed and its writes are visible. What overlaps is the launch and whatever a kernel does
+// before pdl_begin() that touches no memory another kernel writes (the streaming GEMV requests its
+// first weight chunks into L2 there). Measured over the ~730 kernels of a batch-1 MiMo decode
+// step on H200: 64.6% -> 65.4% of copy bandwidth. Every kernel launched with launch_pdl must
+// call pdl_begin() before its first access to such memory; graphs capture the programmatic
+// edges. XINFER_CUDA_PDL=0 launches plainly.
 bool pdl_enabled();
 
 template <typename... Params, typename... Args>
