@@ -3,9 +3,14 @@
 // output tokens/s, TTFT and inter-token latency percentiles, and the achieved fraction of the
 // bytes-moved roofline over the decode steps:
 //   bytes(step) = non-expert weights (attention, dense FFN, norms, routers, lm_head, one embedding row)
-//               + expected distinct experts E·(1 − (1 − k/E)^b) × expert bytes, per MoE layer (b = batch)
+//               + distinct experts per MoE layer × expert bytes
 //               + KV each sequence reads (its context, windowed per layer)
 //   fraction    = Σ bytes(step) / Σ time(step) / measured copy bandwidth.
+// Distinct experts are measured: for MoE models each level's prompts first run once untimed with
+// the engine's expert census on (Engine::set_expert_census), which gives the mean distinct experts
+// per MoE layer of the decode steps at each batch size (the scheduler is deterministic, so the
+// timed run has the same steps). Uniform routing, E·(1 − (1 − k/E)^b), is printed next to it:
+// random dummy weights route a batch to fewer experts than that.
 #include "bench_serving.h"
 
 #include "core/status.h"
@@ -54,11 +59,14 @@ struct StepBytes {
     const ModelConfig* config = nullptr;
     DType kv_dtype = DType::bf16;
 
-    double weights(int batch) const {
-        if (moe_layers == 0) return dense;
-        const double distinct = n_experts * (1 - std::pow(1 - double(top_k) / n_experts, batch));
-        return dense + moe_layers * distinct * expert;
+    std::map<int, double> measured_distinct;  // decode batch → mean distinct experts per MoE layer
+
+    double uniform_distinct(int batch) const { return n_experts * (1 - std::pow(1 - double(top_k) / n_experts, batch)); }
+    double distinct(int batch) const {
+        auto it = measured_distinct.find(batch);
+        return it != measured_distinct.end() ? it->second : uniform_distinct(batch);
     }
+    double weights(int batch) const { return moe_layers == 0 ? dense : dense + moe_layers * distinct(batch) * expert; }
     double kv(int64_t context) const {
         double bytes = 0;
         for (const LayerSpec& l : config->layers) {
@@ -82,6 +90,38 @@ StepBytes step_bytes(const ModelConfig& config, DType weight_dtype, DType kv_dty
     s.dense = double(counts.active) * w - s.moe_layers * s.top_k * s.expert + double(config.hidden_size) * w;
     s.kv_dtype = kv_dtype;
     return s;
+}
+
+// A step that only decodes: every request that got tokens had its first one before, and nothing
+// waits to be admitted (the roofline counts these steps only).
+bool decode_only_step(const std::vector<RequestOutput>& outputs, const EngineStats& stats) {
+    bool decode_only = !outputs.empty() && stats.waiting == 0;
+    for (const RequestOutput& out : outputs)
+        if (!out.new_tokens.empty()) decode_only = decode_only && out.generated_tokens > 1;
+    return decode_only;
+}
+
+// The untimed census pass of one level (see the file comment): mean distinct experts per MoE
+// layer of its decode steps, by batch size.
+std::map<int, double> census_distinct_experts(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                              int64_t output_len) {
+    engine.set_expert_census(true);
+    for (const std::vector<int32_t>& prompt : prompts) engine.submit(prompt, {}, int(output_len));
+    std::map<int, std::pair<double, int64_t>> sums;  // batch → (Σ per-step mean, steps)
+    while (engine.has_work()) {
+        const EngineStats before = engine.stats();
+        const std::vector<RequestOutput> outputs = engine.step();
+        const EngineStats after = engine.stats();
+        const int64_t layer_steps = after.census_moe_layer_steps - before.census_moe_layer_steps;
+        if (!decode_only_step(outputs, after) || layer_steps == 0) continue;
+        auto& [sum, steps] = sums[int(outputs.size())];
+        sum += double(after.census_distinct_experts - before.census_distinct_experts) / double(layer_steps);
+        ++steps;
+    }
+    engine.set_expert_census(false);
+    std::map<int, double> mean;
+    for (const auto& [batch, entry] : sums) mean[batch] = entry.first / double(entry.second);
+    return mean;
 }
 
 }  // namespace
@@ -110,7 +150,7 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
     const bool host = backend->props().host_memory != 0;
     const DType act = host ? DType::f32 : (config.dtype == DType::f32 ? DType::f32 : DType::bf16);
     const DType weight_dtype = host ? (model.load_format == "dummy" ? DType::bf16 : config.dtype) : act;
-    const StepBytes bytes = step_bytes(config, weight_dtype, resolve_kv_cache_dtype(options.kv_cache_dtype, act));
+    StepBytes bytes = step_bytes(config, weight_dtype, resolve_kv_cache_dtype(options.kv_cache_dtype, act));
     const double bandwidth_gbps = backend->measure_copy_bandwidth_gbps();
     backend.reset();
 
@@ -118,47 +158,51 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
                config.architecture, model.device, dtype_name(weight_dtype), options.input_len, options.output_len,
                options.max_num_batched_tokens);
     fmt::print("measured copy bandwidth: {:.2f} GB/s\n\n", bandwidth_gbps);
+    const bool moe = bytes.moe_layers > 0;
     fmt::print("| concurrency | output tok/s | TTFT p50 / p90 / p99 (s) | ITL p50 / p90 / p99 (ms) | decode batch | "
-               "bytes/decode step | roofline fraction | preemptions |\n");
-    fmt::print("|---:|---:|---|---|---:|---:|---:|---:|\n");
+               "bytes/decode step | roofline fraction | preemptions |{}\n",
+               moe ? " experts per MoE layer, measured (uniform routing) |" : "");
+    fmt::print("|---:|---:|---|---|---:|---:|---:|---:|{}\n", moe ? "---|" : "");
 
     std::mt19937 rng(uint32_t(options.seed));
     std::uniform_int_distribution<int32_t> token(0, int32_t(config.vocab_size - 1));
     std::vector<std::string> spec_rows;
     for (int concurrency : levels) {
-        const int64_t preemptions_before = engine->stats().preemptions;
-        const SpecCounters spec_before = engine->stats().spec;
         std::map<uint64_t, std::vector<Clock::time_point>> arrivals;  // id → token times
         std::map<uint64_t, int64_t> context;                         // id → tokens so far
         std::vector<double> ttft;
-        const Clock::time_point start = Clock::now();
-        for (int i = 0; i < concurrency; ++i) {
-            std::vector<int32_t> prompt(size_t(options.input_len));
+        std::vector<std::vector<int32_t>> prompts(size_t(concurrency), std::vector<int32_t>(size_t(options.input_len)));
+        for (std::vector<int32_t>& prompt : prompts)
             for (int32_t& t : prompt) t = token(rng);
-            const uint64_t id = engine->submit(std::move(prompt), {}, int(options.output_len));
+        if (moe) bytes.measured_distinct = census_distinct_experts(*engine, prompts, options.output_len);
+        const int64_t preemptions_before = engine->stats().preemptions;
+        const SpecCounters spec_before = engine->stats().spec;
+        const Clock::time_point start = Clock::now();
+        for (const std::vector<int32_t>& prompt : prompts) {
+            const uint64_t id = engine->submit(prompt, {}, int(options.output_len));
             arrivals[id] = {};
             context[id] = options.input_len;
         }
-        double decode_bytes = 0, decode_seconds = 0;
+        double decode_bytes = 0, decode_seconds = 0, distinct_sum = 0, uniform_sum = 0;
         int64_t decode_steps = 0, decode_rows = 0, generated = 0;
         while (engine->has_work()) {
             const Clock::time_point step_start = Clock::now();
             const std::vector<RequestOutput> outputs = engine->step();
             const Clock::time_point step_end = Clock::now();
-            bool decode_only = !outputs.empty();
             double kv = 0;
             for (const RequestOutput& out : outputs) {
                 if (out.new_tokens.empty()) continue;
-                decode_only = decode_only && out.generated_tokens > 1;
                 kv += bytes.kv(context[out.id]);
                 context[out.id] += int64_t(out.new_tokens.size());
                 arrivals[out.id].push_back(step_end);
                 generated += int64_t(out.new_tokens.size());
                 if (out.generated_tokens == 1) ttft.push_back(out.time_to_first_token_s);
             }
-            if (decode_only && engine->stats().waiting == 0) {
+            if (decode_only_step(outputs, engine->stats())) {
                 const int batch = int(outputs.size());
                 decode_bytes += bytes.weights(batch) + kv;
+                distinct_sum += bytes.distinct(batch);
+                uniform_sum += bytes.uniform_distinct(batch);
                 decode_seconds += std::chrono::duration<double>(step_end - step_start).count();
                 decode_rows += batch;
                 ++decode_steps;
@@ -170,13 +214,14 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
             for (size_t i = 1; i < times.size(); ++i)
                 itl.push_back(1e3 * std::chrono::duration<double>(times[i] - times[i - 1]).count());
         const double fraction = decode_seconds > 0 ? decode_bytes / decode_seconds / (bandwidth_gbps * 1e9) : 0;
+        const double steps = double(std::max<int64_t>(decode_steps, 1));
         fmt::print("| {} | {:.2f} | {:.3f} / {:.3f} / {:.3f} | {:.1f} / {:.1f} / {:.1f} | {:.1f} | {:.1f} MB | {:.1f}% | {} "
-                   "|\n",
+                   "|{}\n",
                    concurrency, double(generated) / seconds, percentile(ttft, 50), percentile(ttft, 90),
                    percentile(ttft, 99), percentile(itl, 50), percentile(itl, 90), percentile(itl, 99),
-                   decode_steps ? double(decode_rows) / double(decode_steps) : 0.0,
-                   decode_steps ? decode_bytes / double(decode_steps) / 1e6 : 0.0, 100 * fraction,
-                   engine->stats().preemptions - preemptions_before);
+                   double(decode_rows) / steps, decode_bytes / steps / 1e6, 100 * fraction,
+                   engine->stats().preemptions - preemptions_before,
+                   moe ? fmt::format(" {:.1f} ({:.1f}) |", distinct_sum / steps, uniform_sum / steps) : "");
         std::fflush(stdout);
         const EngineStats stats = engine->stats();
         if (!stats.spec_method.empty()) {

@@ -96,6 +96,10 @@ struct EngineStats {
     int64_t max_model_len = 0;
     std::string spec_method;  // empty without speculation
     SpecCounters spec;
+    // Expert census (set_expert_census): MoE layer-steps counted, and the distinct experts they
+    // touched in total (each layer of each step counts the experts any of its tokens chose).
+    int64_t census_moe_layer_steps = 0;
+    int64_t census_distinct_experts = 0;
 };
 
 class Engine {
@@ -125,6 +129,10 @@ public:
     // the Chrome trace to trace_path and returns the per-op summary table.
     void start_profile();
     std::string stop_profile(const std::string& trace_path);
+    // While on, every step downloads each MoE layer's routing and counts the distinct experts
+    // it touched (EngineStats::census_*): what a step's expert weights really cost to read,
+    // where benchmarks would otherwise assume uniform routing. Counted steps run eagerly.
+    void set_expert_census(bool on);
 
     struct Impl;
     explicit Engine(std::unique_ptr<Impl> impl);

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace xinfer {
@@ -221,7 +222,18 @@ std::vector<RequestOutput> Engine::step() {
     bool on_device = true;
     for (size_t i = 0; i < plan.size(); ++i)
         on_device = on_device && (!plan[i].samples || drafts[i].empty() || plan[i].request->sampler.greedy());
-    const Tensor device_logits = e.runner->forward_on_device(chunks);
+    TapFn census;  // set_expert_census: count the distinct experts of every MoE layer
+    if (e.expert_census)
+        census = [&e](std::string_view name, int, const Tensor& ids /*[T, top_k] i32*/) {
+            if (name != "expert_ids") return;
+            std::vector<int32_t> host(size_t(ids.numel()));
+            e.runner->backend().download(ids, host.data());
+            std::sort(host.begin(), host.end());
+            host.erase(std::unique(host.begin(), host.end()), host.end());
+            e.census_distinct_experts += std::count_if(host.begin(), host.end(), [](int32_t id) { return id >= 0; });
+            ++e.census_moe_layer_steps;
+        };
+    const Tensor device_logits = e.runner->forward_on_device(chunks, census);
     std::vector<float> logits;
     std::vector<int32_t> device_tokens;  // [rows] when on_device
     if (on_device) {
@@ -314,7 +326,14 @@ EngineStats Engine::stats() const {
     s.max_model_len = impl_->scheduler_options.max_model_len;
     if (impl_->drafter) s.spec_method = impl_->drafter->method();
     s.spec = impl_->spec;
+    s.census_moe_layer_steps = impl_->census_moe_layer_steps;
+    s.census_distinct_experts = impl_->census_distinct_experts;
     return s;
+}
+
+void Engine::set_expert_census(bool on) {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->expert_census = on;
 }
 
 const std::string& Engine::plan_report() const { return impl_->plan_report; }

@@ -34,6 +34,8 @@ struct Engine::Impl {
     int64_t steps = 0;
     SpecCounters spec;
     std::unique_ptr<Profiler> profiler;  // between start_profile() and stop_profile()
+    bool expert_census = false;
+    int64_t census_moe_layer_steps = 0, census_distinct_experts = 0;
 
     mutable std::mutex inbox_mutex;  // submit() only takes this one, so it never waits for a step
     std::vector<std::unique_ptr<Request>> inbox;

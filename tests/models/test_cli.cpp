@@ -113,6 +113,18 @@ TEST(Cli, GenerateProfileWritesChromeTrace) {
     std::filesystem::remove(trace);
 }
 
+// On a MoE model the serving bench measures the distinct experts of its decode steps (an untimed
+// census pass per level) and prints them next to what uniform routing would touch: a batch of
+// one touches exactly top_k (2 in this fixture) per layer.
+TEST(Cli, ServingBenchMeasuresExpertsTouched) {
+    const Fixture f = load_fixture("mimo_hub_f32");
+    CommandResult run =
+        run_xinfer(fmt::format("bench --model {} --concurrency 1,4 --input-len 24 --output-len 6", f.dir.string()));
+    ASSERT_EQ(run.status, 0) << run.output;
+    EXPECT_NE(run.output.find("experts per MoE layer, measured (uniform routing) |"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("| 2.0 (2.0) |"), std::string::npos) << run.output;
+}
+
 TEST(Cli, ServingBenchProfilesDecodeSteps) {
     const Fixture f = load_fixture("qwen3_f32");
     const std::filesystem::path trace = std::filesystem::temp_directory_path() / "xinfer_test_serving_trace.json";

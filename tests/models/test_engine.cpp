@@ -106,6 +106,49 @@ TEST_P(EngineTest, SampledTokensEqualTheHostSampler) {
     }
 }
 
+// The expert census (Engine::set_expert_census) counts, per MoE layer and step, the distinct
+// experts the step's tokens chose: a decode step of one sequence touches exactly top_k per layer,
+// and so does a step of two identical sequences (same inputs, same routing), while two different
+// sequences touch between top_k and 2·top_k. Off, nothing is counted; a dense model counts nothing.
+TEST_P(EngineTest, ExpertCensusCountsDistinctExperts) {
+    const ModelConfig& config = loaded_->model->config();
+    int64_t moe_layers = 0;
+    for (const LayerSpec& l : config.layers) moe_layers += l.ffn == FfnKind::moe;
+    const int64_t k = config.router.top_k;
+    Runner runner(*loaded_->model, *loaded_->backend, pool(512));
+    std::unique_ptr<Engine> engine = make_engine(runner, {8, 4096, 0});
+    // Per decode step: (layer-steps, distinct experts) counted; `prompts` decode together.
+    auto census = [&](const std::vector<std::vector<int32_t>>& prompts, bool on) {
+        engine->set_expert_census(on);
+        for (const auto& p : prompts) engine->submit(p, {}, 4);
+        engine->step();  // the prefills
+        std::vector<std::pair<int64_t, int64_t>> steps;
+        while (engine->has_work()) {
+            const EngineStats before = engine->stats();
+            engine->step();
+            const EngineStats after = engine->stats();
+            steps.push_back({after.census_moe_layer_steps - before.census_moe_layer_steps,
+                             after.census_distinct_experts - before.census_distinct_experts});
+        }
+        return steps;
+    };
+    const std::vector<int32_t> a = fixture_.prompt, b = varied_prompts(fixture_, 3)[1];
+    for (const auto& [layers, distinct] : census({a}, true)) {
+        EXPECT_EQ(layers, moe_layers);
+        EXPECT_EQ(distinct, moe_layers * k);
+    }
+    for (const auto& [layers, distinct] : census({a, a}, true)) {
+        EXPECT_EQ(layers, moe_layers);
+        EXPECT_EQ(distinct, moe_layers * k) << "identical sequences route alike";
+    }
+    for (const auto& [layers, distinct] : census({a, b}, true)) {
+        EXPECT_EQ(layers, moe_layers);
+        EXPECT_GE(distinct, moe_layers * k);
+        EXPECT_LE(distinct, moe_layers * 2 * k);
+    }
+    for (const auto& [layers, distinct] : census({a}, false)) EXPECT_EQ(layers + distinct, 0);
+}
+
 // A token budget of 7 splits every prompt into chunks (mixed with other requests' decodes).
 TEST_P(EngineTest, ChunkedPrefillEqualsOneShot) {
     const auto prompts = varied_prompts(fixture_, 3);
