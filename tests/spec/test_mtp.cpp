@@ -72,10 +72,10 @@ struct Target {
         return std::make_unique<MtpDrafter>(config,
                                             DrafterContext{*model, *backend, dir.string(), dummy, max_seqs, 4096});
     }
-    Runner runner() {
+    Runner runner(int64_t n_pages = 512) {
         RunnerOptions options;
         options.page_size = 4;
-        options.n_pages = 512;
+        options.n_pages = n_pages;
         options.feature_layers = {kFinalNormFeature};
         return Runner(*model, *backend, options);
     }
@@ -210,11 +210,7 @@ TEST(MtpDrafter, LongChunkEqualsSmallChunks) {
     std::vector<std::vector<int32_t>> results;
     for (int64_t chunk : {n, int64_t(37)}) {
         auto drafter = target.drafter(3, 1);
-        RunnerOptions options;
-        options.page_size = 4;
-        options.n_pages = 4096;
-        options.feature_layers = {kFinalNormFeature};
-        Runner runner(*target.model, *target.backend, options);
+        Runner runner = target.runner(4096);
         for (int64_t start = 0; start < n; start += chunk)
             step_and_observe(runner, *drafter, {0}, {tokens}, {start}, {std::min(n, start + chunk)});
         const DraftRequest request{0, tokens, 3};
@@ -238,11 +234,7 @@ TEST(MtpDrafter, MidContextStartMatchesAFullObservation) {
     std::vector<std::vector<int32_t>> drafts;
     for (int64_t start : {int64_t(0), n - 24, n - 40, n - 5}) {
         auto drafter = target.drafter(3, 1);
-        RunnerOptions options;
-        options.page_size = 4;
-        options.n_pages = 1024;
-        options.feature_layers = {kFinalNormFeature};
-        Runner runner(*target.model, *target.backend, options);
+        Runner runner = target.runner(1024);
         if (start > 0) {  // the target's cached prefix: run, but not observed by the drafter
             std::vector<SequenceChunk> chunk{{0, 0, std::span(tokens).first(size_t(start)), false}};
             runner.step(chunk);
