@@ -273,6 +273,50 @@ Tensor DecoderModel::load_matrix(Checkpoint& checkpoint, const std::vector<std::
     return load_stacked(checkpoint, names, part_shape, shape);
 }
 
+void DecoderModel::load_qkv(Checkpoint& checkpoint, const std::string& p, int64_t q_rows, int64_t k_rows,
+                            int64_t v_rows, LayerWeights& w) {
+    const int64_t hidden = config_.hidden_size;
+    const std::string names[3] = {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                                  p + "self_attn.v_proj.weight"};
+    const int64_t rows[3] = {q_rows, k_rows, v_rows};
+    const bool host_memory = backend_.props().host_memory != 0;
+    bool apart = false;  // FP8 that may stay e4m3, or parts stored in different dtypes
+    DType dtype = dummy_matrix_dtype();
+    for (int i = 0; i < 3; ++i) {
+        const int64_t part_shape[2] = {rows[i], hidden};
+        apart = apart || !fp8_grids(checkpoint, {names[i]}, part_shape).empty();
+        if (options_.dummy || apart) continue;
+        const DType stored = resident_dtype(checkpoint.info(names[i]).dtype, options_, host_memory, act_dtype_);
+        apart = i > 0 && stored != dtype;
+        dtype = stored;
+    }
+    if (apart) {
+        w.q_proj = load_matrix(checkpoint, {names[0]}, {q_rows, hidden}, {q_rows, hidden}, w.q_proj_scale);
+        w.k_proj = load_matrix(checkpoint, {names[1]}, {k_rows, hidden}, {k_rows, hidden}, w.k_proj_scale);
+        w.v_proj = load_matrix(checkpoint, {names[2]}, {v_rows, hidden}, {v_rows, hidden}, w.v_proj_scale);
+        return;
+    }
+    w.qkv_proj = allocate(dtype, {q_rows + k_rows + v_rows, hidden});
+    char* base = static_cast<char*>(w.qkv_proj.data);
+    const size_t row_bytes = size_t(w.qkv_proj.row_bytes());
+    w.q_proj = Tensor(base, dtype, {q_rows, hidden});
+    w.k_proj = Tensor(base + size_t(q_rows) * row_bytes, dtype, {k_rows, hidden});
+    w.v_proj = Tensor(base + size_t(q_rows + k_rows) * row_bytes, dtype, {v_rows, hidden});
+    if (options_.dummy) {
+        fill_dummy(w.qkv_proj, false);
+        return;
+    }
+    std::vector<uint8_t> host(w.qkv_proj.nbytes());
+    const Tensor* parts[3] = {&w.q_proj, &w.k_proj, &w.v_proj};
+    for (int i = 0; i < 3; ++i) {
+        const int64_t part_shape[2] = {rows[i], hidden};
+        checkpoint.read(names[i], part_shape, dtype,
+                        host.data() + (static_cast<char*>(parts[i]->data) - base));
+    }
+    backend_.upload(w.qkv_proj, host.data());
+    backend_.synchronize();  // `host` dies here; uploads may be stream-ordered
+}
+
 void DecoderModel::load_weights(Checkpoint& checkpoint) {
     const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
     if (!options_.dummy)
@@ -296,12 +340,7 @@ void DecoderModel::load_weights(Checkpoint& checkpoint) {
         w.post_attn_norm = load(checkpoint, p + "post_attention_layernorm.weight", {hidden}, true);
         const int64_t q_rows = spec.n_q_heads * spec.head_dim_k, k_rows = spec.n_kv_heads * spec.head_dim_k,
                       v_rows = spec.n_kv_heads * spec.head_dim_v, o_cols = spec.n_q_heads * spec.head_dim_v;
-        w.q_proj = load_matrix(checkpoint, {p + "self_attn.q_proj.weight"}, {q_rows, hidden}, {q_rows, hidden},
-                               w.q_proj_scale);
-        w.k_proj = load_matrix(checkpoint, {p + "self_attn.k_proj.weight"}, {k_rows, hidden}, {k_rows, hidden},
-                               w.k_proj_scale);
-        w.v_proj = load_matrix(checkpoint, {p + "self_attn.v_proj.weight"}, {v_rows, hidden}, {v_rows, hidden},
-                               w.v_proj_scale);
+        load_qkv(checkpoint, p, q_rows, k_rows, v_rows, w);
         w.o_proj = load_matrix(checkpoint, {p + "self_attn.o_proj.weight"}, {hidden, o_cols}, {hidden, o_cols},
                                w.o_proj_scale);
         if (config_.qk_norm) {
@@ -403,12 +442,24 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         }
         tap("attn_input", layer, normed);
 
-        Tensor q = scratch.make(act, {n_tokens, n_q, dk});
-        Tensor k = scratch.make(act, {n_tokens, n_kv, dk});
-        Tensor v = scratch.make(act, {n_tokens, n_kv, dv});
-        backend_.matmul(normed, w.q_proj, q.reshape({n_tokens, n_q * dk}), w.q_proj_scale);
-        backend_.matmul(normed, w.k_proj, k.reshape({n_tokens, n_kv * dk}), w.k_proj_scale);
-        backend_.matmul(normed, w.v_proj, v.reshape({n_tokens, n_kv * dv}), w.v_proj_scale);
+        Tensor q, k, v;  // [n_tokens, n_q, dk], [n_tokens, n_kv, dk], [n_tokens, n_kv, dv]
+        if (n_tokens == 1 && w.qkv_proj.data) {
+            // One token: its q, k and v are consecutive slices of one [1, q + k + v] row.
+            Tensor qkv = scratch.make(act, {1, w.qkv_proj.dim(0)});
+            backend_.matmul(normed, w.qkv_proj, qkv);
+            char* row = static_cast<char*>(qkv.data);
+            const size_t element = dtype_size(act);
+            q = Tensor(row, act, {1, n_q, dk});
+            k = Tensor(row + size_t(n_q * dk) * element, act, {1, n_kv, dk});
+            v = Tensor(row + size_t((n_q + n_kv) * dk) * element, act, {1, n_kv, dv});
+        } else {
+            q = scratch.make(act, {n_tokens, n_q, dk});
+            k = scratch.make(act, {n_tokens, n_kv, dk});
+            v = scratch.make(act, {n_tokens, n_kv, dv});
+            backend_.matmul(normed, w.q_proj, q.reshape({n_tokens, n_q * dk}), w.q_proj_scale);
+            backend_.matmul(normed, w.k_proj, k.reshape({n_tokens, n_kv * dk}), w.k_proj_scale);
+            backend_.matmul(normed, w.v_proj, v.reshape({n_tokens, n_kv * dv}), w.v_proj_scale);
+        }
         if (config_.qk_norm) {
             backend_.rmsnorm(q.reshape({n_tokens * n_q, dk}), w.q_norm, eps, q.reshape({n_tokens * n_q, dk}));
             backend_.rmsnorm(k.reshape({n_tokens * n_kv, dk}), w.k_norm, eps, k.reshape({n_tokens * n_kv, dk}));

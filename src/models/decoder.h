@@ -19,6 +19,10 @@ struct LayerWeights {
     Tensor q_proj;          // [n_q * dk, hidden]
     Tensor k_proj;          // [n_kv * dk, hidden]
     Tensor v_proj;          // [n_kv * dv, hidden]
+    // [n_q·dk + n_kv·dk + n_kv·dv, hidden]: q_proj, k_proj and v_proj are views of its row blocks,
+    // so a one-token step projects all three in one matmul (one weight stream, not three).
+    // Empty when they are FP8 with block scales (kept apart).
+    Tensor qkv_proj;
     Tensor o_proj;          // [hidden, n_q * dv]
     Tensor q_norm, k_norm;  // [dk] f32 (qk_norm models only)
     Tensor sinks;           // [n_q] f32 (layers with sinks only)
@@ -64,6 +68,10 @@ private:
     Tensor load_stacked(Checkpoint& checkpoint, const std::vector<std::string>& names,
                         std::initializer_list<int64_t> part_shape, std::initializer_list<int64_t> shape);
     void load_experts(Checkpoint& checkpoint, const std::string& prefix, LayerWeights& weights);
+    // q_proj, k_proj and v_proj of the layer with prefix `p` (rows: their output widths): as views of
+    // one qkv_proj buffer, or, for FP8 matrices that stay e4m3, as three separate matrices.
+    void load_qkv(Checkpoint& checkpoint, const std::string& p, int64_t q_rows, int64_t k_rows, int64_t v_rows,
+                  LayerWeights& w);
     // A weight matrix made of `names` stacked along rows (each of `part_shape`; a single name may
     // hold the whole `shape`). FP8 parts stay e4m3 with their op scales in `scale` when FP8
     // residency is on and the backend takes the shape; otherwise as load / load_stacked.
