@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <random>
 
 namespace xinfer {
@@ -37,6 +38,7 @@ struct Identity {
 
 struct Stats {
     int64_t adds = 0, hits = 0, hit_tokens = 0, failed_allocations = 0, evicting_allocations = 0, rollbacks = 0;
+    int64_t aligned_adds = 0, aligned_hits = 0;  // adds with an alignment > 1 (counted apart from adds/hits)
 };
 
 class Schedule {
@@ -113,7 +115,9 @@ private:
     }
 
     // The header's rule, evaluated on the test's model of what is cached.
-    int64_t expected_hit(const std::vector<int32_t>& prompt) const {
+    // `alignment`: a drafter's block (add_sequence's third argument); hits are multiples of
+    // lcm(block_tokens, alignment).
+    int64_t expected_hit(const std::vector<int32_t>& prompt, int64_t alignment) const {
         if (!config_.prefix_caching) return 0;
         std::map<std::pair<int, int64_t>, std::vector<int32_t>> cached;  // (group, position) → pages
         for (int32_t page = 0; page < int32_t(config_.n_pages); ++page) {
@@ -131,7 +135,7 @@ private:
             }
             return false;
         };
-        const int64_t block = config_.layout.block_tokens();
+        const int64_t block = std::lcm(config_.layout.block_tokens(), alignment);
         for (int64_t length = (int64_t(prompt.size()) - 1) / block * block; length > 0; length -= block) {
             bool usable = true;
             for (size_t g = 0; g < config_.layout.groups.size() && usable; ++g)
@@ -144,16 +148,24 @@ private:
     void add() {
         const int seq = next_seq_++;
         std::vector<int32_t> prompt = new_prompt();
-        const int64_t expected = expected_hit(prompt);
-        const int64_t reused = manager_.add_sequence(seq, prompt);
-        ++stats_.adds;
-        ASSERT_EQ(reused, expected) << config_.name << ": sequence " << seq << " of " << prompt.size() << " tokens";
+        // Mostly the plain rule; one add in ten with a drafter's alignment (a divisor of the block,
+        // a number prime to it, or a block multiple).
+        const int64_t alignments[] = {2, 5, 2 * config_.layout.block_tokens()};
+        const int64_t alignment = pick(0, 9) == 0 ? alignments[pick(0, 2)] : 1;
+        const int64_t expected = expected_hit(prompt, alignment);
+        const int64_t reused = manager_.add_sequence(seq, prompt, alignment);
+        ASSERT_EQ(reused, expected) << config_.name << ": sequence " << seq << " of " << prompt.size()
+                                    << " tokens, alignment " << alignment;
         ASSERT_EQ(manager_.committed_tokens(seq), reused);
         ASSERT_EQ(manager_.allocated_tokens(seq), reused);
-        if (reused > 0) {
-            ++stats_.hits;
-            stats_.hit_tokens += reused;
+        if (alignment > 1) {
+            ++stats_.aligned_adds;
+            stats_.aligned_hits += reused > 0;
+        } else {
+            ++stats_.adds;
+            stats_.hits += reused > 0;
         }
+        stats_.hit_tokens += reused;
         // Reused pages hold exactly this prompt's prefix, slot by slot.
         for (size_t g = 0; g < config_.layout.groups.size(); ++g) {
             const std::vector<int32_t>& table = manager_.page_table(seq, int(g));
@@ -375,21 +387,25 @@ TEST(KvCacheManagerRandom, LongSchedulesKeepEveryInvariant) {
             total_steps += steps;
             sum.adds += stats.adds;
             sum.hits += stats.hits;
+            sum.aligned_adds += stats.aligned_adds;
+            sum.aligned_hits += stats.aligned_hits;
             sum.hit_tokens += stats.hit_tokens;
             sum.failed_allocations += stats.failed_allocations;
             sum.evicting_allocations += stats.evicting_allocations;
             sum.rollbacks += stats.rollbacks;
         }
         std::printf(
-            "  %-24s adds %5lld  hits %5lld (%6lld tokens)  failed allocations %4lld  evicting %4lld  "
-            "rollbacks %5lld\n",
-            config.name, (long long)sum.adds, (long long)sum.hits, (long long)sum.hit_tokens,
-            (long long)sum.failed_allocations, (long long)sum.evicting_allocations, (long long)sum.rollbacks);
+            "  %-24s adds %5lld  hits %5lld (aligned: %4lld / %4lld) (%6lld tokens)  failed allocations %4lld  "
+            "evicting %4lld  rollbacks %5lld\n",
+            config.name, (long long)sum.adds, (long long)sum.hits, (long long)sum.aligned_hits,
+            (long long)sum.aligned_adds, (long long)sum.hit_tokens, (long long)sum.failed_allocations,
+            (long long)sum.evicting_allocations, (long long)sum.rollbacks);
         // The schedules must actually exercise pressure, eviction and reuse.
         EXPECT_GT(sum.failed_allocations, 0) << config.name;
         EXPECT_GT(sum.rollbacks, 0) << config.name;
         if (config.prefix_caching) {
             EXPECT_GT(sum.hits, sum.adds / 20) << config.name;
+            EXPECT_GT(sum.aligned_hits, 0) << config.name;
             EXPECT_GT(sum.evicting_allocations, 0) << config.name;
         } else {
             EXPECT_EQ(sum.hits, 0) << config.name;
