@@ -85,6 +85,14 @@ if [ $engine = 1 ]; then
             [ "$rc" = 0 ] || status=1
             note "xinfer ops-test --backend cuda: rc $rc"
             grep -iE 'fail|pass.*total|summary' "$OUT/ops-test.log" | tail -20 >>"$summary"
+            # The split-KV kernel runs nearly every attention; the flash kernel it replaced stays the
+            # path for FP8 caches and wide heads, so it is checked on the whole attention grid too.
+            XINFER_CUDA_DECODE_ATTENTION=0 build/bin/xinfer ops-test --backend cuda --op attention \
+                >"$OUT/ops-test-flash-attention.log" 2>&1
+            rc=$?
+            [ "$rc" = 0 ] || status=1
+            note "xinfer ops-test --backend cuda --op attention, flash kernel (XINFER_CUDA_DECODE_ATTENTION=0): rc $rc"
+            grep -iE 'fail|passed' "$OUT/ops-test-flash-attention.log" | tail -5 >>"$summary"
         fi
     else
         note "SKIP  xinfer ops-test --backend cuda (not in tools/ yet)"

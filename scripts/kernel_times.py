@@ -12,7 +12,10 @@ grid), calls, and the step's total.
 Why ncu and not `xinfer bench --profile`: the trace's per-op device times are distances between
 CUDA events, which add ~4 µs per op and so swamp kernels of 2-10 µs (session 4, docs/perf).
 
-    scripts/kernel_times.py LOG [--top N]      (LOG may be gzip-compressed)
+    scripts/kernel_times.py LOG [--top N] [--list] [--step I]      (LOG may be gzip-compressed)
+
+--list prints every step's kernel count and device time; --step I reports step I of that list
+instead of the decode step (e.g. a speculative verify step of `xinfer bench --speculative-config`).
 """
 import argparse
 import csv
@@ -63,16 +66,26 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log")
     parser.add_argument("--top", type=int, default=40, help="kernels to list (default 40)")
+    parser.add_argument("--list", action="store_true", help="list every step (kernels, device time)")
+    parser.add_argument("--step", type=int, help="report this step of --list instead of the decode step")
     args = parser.parse_args()
 
     steps = steps_of(read_rows(args.log))
     totals = [sum(microseconds(r) for r in s) for s in steps]
+    if args.list:
+        for i, s in enumerate(steps):
+            print(f"step {i:3d}: {len(s):5d} kernels {totals[i]:12.1f} us")
     prefill = max(range(len(steps)), key=lambda i: totals[i])
-    later = list(range(prefill + 1, len(steps)))
-    if not later:
-        sys.exit("no step after the prefill: run at least two decode tokens")
-    most = max(len(steps[i]) for i in later)
-    decode = max(i for i in later if len(steps[i]) == most)
+    if args.step is not None:
+        if not 0 <= args.step < len(steps):
+            sys.exit(f"--step {args.step}: the log has steps 0..{len(steps) - 1}")
+        decode = args.step
+    else:
+        later = list(range(prefill + 1, len(steps)))
+        if not later:
+            sys.exit("no step after the prefill: run at least two decode tokens")
+        most = max(len(steps[i]) for i in later)
+        decode = max(i for i in later if len(steps[i]) == most)
 
     per_kernel = defaultdict(lambda: [0.0, 0])
     for r in steps[decode]:
@@ -80,7 +93,7 @@ def main():
         entry[0] += microseconds(r)
         entry[1] += 1
     total = totals[decode]
-    print(f"decode step: {len(steps[decode])} kernels, {total:.1f} us of device time "
+    print(f"{'step ' + str(decode) if args.step is not None else 'decode step'}: {len(steps[decode])} kernels, {total:.1f} us of device time "
           f"(prefill step: {len(steps[prefill])} kernels, {totals[prefill] / 1000:.2f} ms)")
     print(f"{'total us':>10} {'share':>6} {'calls':>6} {'us/call':>9}  kernel (grid)")
     for (name, grid), (us, calls) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[: args.top]:

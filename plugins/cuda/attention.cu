@@ -1,6 +1,8 @@
 // Paged KV cache: KV_STORE writes new tokens' K/V into their slots; ATTENTION reads them back
 // through each sequence's page table with a flash-style kernel (online softmax, f32 state,
-// bf16 tensor cores for Q·Kᵀ and P·V).
+// bf16 tensor cores for Q·Kᵀ and P·V). Most ATTENTION ops run on the split-KV kernel of
+// attention_decode.cu; the flash kernel here takes FP8 caches and heads wider than that
+// kernel's limits (and everything with XINFER_CUDA_DECODE_ATTENTION=0).
 //
 // Work decomposition. For one sequence and one KV head g, the query rows are the pairs
 // (query token i, head h of g's group), token-major: row = i·G + h. A block takes 64 such rows
@@ -562,7 +564,8 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
     a.v_vec = vec_ok(v_cache, dv, a.v_page_stride);
     // f32 activations take the exact CUDA-core path (bf16 tensor cores would round Q, K, V, P).
     if (exact_attention_supported(q.dtype, out.dtype, k_cache.dtype, v_cache.dtype)) return launch_exact_attention(c, a);
-    // Few query tokens per sequence against a long cache: the split-KV decode kernel.
+    // bf16/f32/f16 caches with dk ≤ 256, dv ≤ 128, decode and prefill: the split-KV kernel
+    // (attention_decode.cu); this file's flash kernel takes FP8 caches and wider heads.
     if (int rc = attention_decode(c, op); rc != XINFER_UNSUPPORTED) return rc;
 
     // Row tiles: Σ_s ceil(q_len_s · G / 64) ≤ ceil(T · G / 64) + n_seqs.

@@ -1,6 +1,8 @@
-// Split-KV ("flash-decoding") ATTENTION for few query tokens per sequence: decode (1 token),
-// speculative verification (up to 32), DFlash blocks. attention.cu dispatches here when the
-// batch averages ≤ 32 query tokens per sequence; prefill stays on the 64×32 flash kernel there.
+// Split-KV ("flash-decoding") ATTENTION: built for few query tokens per sequence (decode, speculative
+// verification up to 32, DFlash blocks) and, since it also beats the older 64×32 wmma flash kernel
+// of attention.cu on prefill (H200, MiMo shapes, 4,096 tokens: full layer 20.9 → 3.7 ms, sliding
+// 2.5 → 0.8 ms), the kernel for every bf16/f32/f16 cache with dk ≤ 256 and dv ≤ 128. attention.cu
+// keeps its flash kernel for FP8 caches and wider heads.
 //
 // Why a separate kernel. Decode is a stream over the KV cache: for one KV head the G = n_q/n_kv
 // query heads of a token read the same keys, so each key must be loaded once per (token tile,
@@ -65,6 +67,7 @@ struct DecodeArgs {
     int nq, nkv, group, dk, dv, dk_pad, dv_pad;
     float scale_log2;          // softmax_scale · log2(e): scores are kept in log2 units
     int window, causal, n_split;
+    int tile_rows;             // query rows per block: 16 or kRows
     bool k_vec, v_vec;         // bf16 rows that may be copied with 16-byte cp.async
     bool q_vec;                // bf16 q rows that may be loaded 16 bytes at a time
 };
@@ -163,11 +166,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
 
     // Which sequence and which ≤64 of its rows this block owns (the same answer in every thread;
     // blocks past the last row tile exit: the grid is sized by an upper bound).
-    const RowTile tile = find_row_tile(a.cu_q_lens, a.n_seqs, G, kRows, blockIdx.x);
+    // Last row tiles first: in a causal prefill they see the most keys, so the long blocks start
+    // in the first wave and the short ones fill the tail.
+    const RowTile tile = find_row_tile(a.cu_q_lens, a.n_seqs, G, a.tile_rows, gridDim.x - 1 - blockIdx.x);
     const int s = tile.seq, qlen = tile.q_len;
     const int64_t row0 = tile.row0;
     if (s < 0) return;
-    const int rows = int(min(int64_t(kRows), int64_t(qlen) * G - row0));
+    const int rows = int(min(int64_t(a.tile_rows), int64_t(qlen) * G - row0));
     const int tok_first = int(row0 / G);
     const int ntok = int((row0 + rows - 1) / G) - tok_first + 1;
     const int token_base = a.cu_q_lens[s] + tok_first;  // global index of the block's first token
@@ -180,27 +185,39 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         tok_hi[i] = hi;
     }
     // Q rows as bf16, zero-padded to dk_pad; rows past `rows` up to the last 16-row group that
-    // ldmatrix reads are zero. One warp per row; bf16 rows go in 16-byte loads (a decode block
-    // runs this prologue with one warp per scheduler, so every instruction here is latency).
-    for (int r = warp; r < (rows + 15) / 16 * 16; r += kWarps) {
-        int64_t base = -1;
-        if (r < rows) {
-            const int64_t flat = row0 + r;
-            const int64_t t = token_base + (flat / G - tok_first);
-            base = (t * a.nq + g * G + int(flat % G)) * a.dk;
-        }
-        if (a.q_vec) {
-            for (int c = lane; c * 8 < a.dk_pad; c += 32) {
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (base >= 0 && c * 8 < a.dk)
-                    v = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.q) + base + c * 8);
-                *reinterpret_cast<uint4*>(Qs + r * L.ldk + c * 8) = v;
+    // ldmatrix reads are zero. A decode block runs this prologue with one warp per scheduler, so
+    // every instruction here is latency: bf16 rows go in 16-byte loads, kQLoads of them issued by
+    // each thread before its first store. (One row per warp at a time, a load-store chain per
+    // row, cost ~0.5 µs per row: a 64-row verify block spent ~8 µs here; ncu, H200.)
+    const int q_rows = (rows + 15) / 16 * 16;
+    const auto q_offset = [&](int r) {  // element offset of block row r's q vector
+        const int64_t flat = row0 + r;
+        const int64_t t = token_base + (flat / G - tok_first);
+        return (t * a.nq + g * G + int(flat % G)) * a.dk;
+    };
+    if (a.q_vec) {
+        constexpr int kQLoads = 8;
+        const int per_row = a.dk_pad / 8, n = q_rows * per_row;
+        for (int first = 0; first < n; first += kThreads * kQLoads) {
+            uint4 v[kQLoads];
+#pragma unroll
+            for (int u = 0; u < kQLoads; ++u) {
+                const int i = first + u * kThreads + tid, r = i / per_row, c = i % per_row;
+                v[u] = make_uint4(0, 0, 0, 0);
+                if (i < n && r < rows && c * 8 < a.dk)
+                    v[u] = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.q) + q_offset(r) + c * 8);
             }
-        } else {
-            for (int d = lane; d < a.dk_pad; d += 32)
-                Qs[r * L.ldk + d] =
-                    __float2bfloat16_rn(base >= 0 && d < a.dk ? load_f(a.q, a.q_dtype, base + d) : 0.f);
+#pragma unroll
+            for (int u = 0; u < kQLoads; ++u) {
+                const int i = first + u * kThreads + tid;
+                if (i < n) *reinterpret_cast<uint4*>(Qs + (i / per_row) * L.ldk + (i % per_row) * 8) = v[u];
+            }
         }
+    }
+    for (int r = warp; !a.q_vec && r < q_rows; r += kWarps) {  // f32 / f16 / unaligned q: element by element
+        const int64_t base = r < rows ? q_offset(r) : -1;
+        for (int d = lane; d < a.dk_pad; d += 32)
+            Qs[r * L.ldk + d] = __float2bfloat16_rn(base >= 0 && d < a.dk ? load_f(a.q, a.q_dtype, base + d) : 0.f);
     }
     __syncthreads();
 
@@ -488,12 +505,16 @@ __global__ void attention_decode_combine_kernel(const float* part_o /*[n_split, 
     }
 }
 
-bool decode_attention_enabled() {
-    static const bool enabled = [] {
+// XINFER_CUDA_DECODE_ATTENTION: 0 = never (the flash kernel of attention.cu for everything),
+// "decode" = only decode-shaped batches (≤ 32 query tokens per sequence on average), default: all.
+int decode_attention_mode() {
+    static const int mode = [] {
         const char* v = std::getenv("XINFER_CUDA_DECODE_ATTENTION");
-        return !(v && std::strcmp(v, "0") == 0);
+        if (v && std::strcmp(v, "0") == 0) return 0;
+        if (v && std::strcmp(v, "decode") == 0) return 1;
+        return 2;
     }();
-    return enabled;
+    return mode;
 }
 
 }  // namespace
@@ -508,10 +529,9 @@ int attention_decode(Context* c, const xinfer_op* op) {
     const xinfer_attention_params& ap = op->params.attention;
     const int nq = ap.n_q_heads, nkv = ap.n_kv_heads, dk = ap.head_dim_k, dv = ap.head_dim_v;
     const int64_t T = q.shape[0];
-    if (!decode_attention_enabled()) return XINFER_UNSUPPORTED;
-    // Decode-shaped: at most 32 query tokens per sequence on average (the kernel is correct for
-    // any q_len; prefill is faster on the 64×32 flash kernel with its larger key reuse).
-    if (T > 32 * int64_t(b.n_seqs)) return XINFER_UNSUPPORTED;
+    const int mode = decode_attention_mode();
+    if (mode == 0) return XINFER_UNSUPPORTED;
+    if (mode == 1 && T > 32 * int64_t(b.n_seqs)) return XINFER_UNSUPPORTED;
     if (!is_float(k_cache.dtype) || !is_float(v_cache.dtype) || dk > kMaxDk || dv > kMaxDv) return XINFER_UNSUPPORTED;
     const int dk_pad = (dk + 15) / 16 * 16, dv_pad = (dv + 15) / 16 * 16;
     const DecodeSmem L = decode_smem(dk_pad, dv_pad);
@@ -554,9 +574,15 @@ int attention_decode(Context* c, const xinfer_op* op) {
     a.v_vec = vec_ok(v_cache, dv, a.v_page_stride);
     a.q_vec = vec_ok(q, dk, 0);
 
-    // Row tiles: Σ_s ceil(q_len_s · G / 64) ≤ ceil(T · G / 64) + n_seqs (an upper bound; blocks
-    // past the real tiles exit at once).
-    const int64_t row_tiles = ceil_div(T * a.group, kRows) + b.n_seqs;
+    // Rows per block: 64, or 16 when 64-row blocks would give fewer than 64 (row tile, KV head)
+    // blocks (verification at batch 1: 8 tokens × 8 heads of a sliding layer were one block per KV
+    // head, each warp walking every key of the split for its 16 rows; with 16-row tiles the block's
+    // four warps share each key tile, as in decode). Decode rows (G ≤ 16) fit one tile either way.
+    const int64_t blocks_of_64 = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, kRows)) * nkv;
+    a.tile_rows = blocks_of_64 < 64 ? 16 : kRows;
+    // Row tiles: Σ_s ceil(q_len_s · G / tile_rows) ≤ ceil(T · G / tile_rows) + n_seqs (an upper
+    // bound; blocks past the real tiles exit at once).
+    const int64_t row_tiles = ceil_div(T * a.group, a.tile_rows) + b.n_seqs;
     // n_split from host-known bounds: enough blocks for ~2 waves of 2 blocks per SM, each split at
     // least min_split_tiles tiles and at most kMaxSplits splits, so the partials and the combine stay
     // small next to the keys read. Measured on H200 (ops-test --perf): 4 tiles rather than 2 took
@@ -564,7 +590,7 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // concurrency 32 from 68.8% to 71.1% of its roofline; the 64-split cap took a 32K-key decode
     // from 122 to 76 µs, where 4K keys (17 splits) stayed at 40 µs.
     constexpr int64_t kMaxSplits = 64;
-    const int64_t est_blocks = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, kRows)) * nkv;
+    const int64_t est_blocks = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, a.tile_rows)) * nkv;
     // With fewer than 64 (sequence, KV head) blocks (batch-1 decode, verification) a block is a
     // latency chain, so splits go down to one tile each: MiMo batch 1 on H200, sliding layer
     // 15.4 -> 9.2 + 4.5 (combine) µs, 4K-key full layer 25.3 + 7.1 -> 15.0 + 4.5 µs, decode

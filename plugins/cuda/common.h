@@ -7,7 +7,9 @@
 // true it validates again and enqueues the kernels on the context's stream. Validation failures
 // return XINFER_UNSUPPORTED with last_error naming the op and the shapes. Nothing in a run path
 // allocates device memory except through ensure_scratch, synchronizes, or reads device memory
-// on the host, so every op can be captured into a CUDA graph.
+// on the host, so every op can be captured into a CUDA graph. The one exception checks
+// stream_capturing() first: MOE_EXPERTS over a prefill chunk reads its per-expert row counts
+// on the host to run one cuBLASLt GEMM per expert (moe.cu).
 #pragma once
 
 #include "xinfer/backend_abi.h"

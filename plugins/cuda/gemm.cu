@@ -558,6 +558,8 @@ cudaDataType cuda_type(int dtype) {
     }
 }
 
+}  // namespace
+
 // y[T, N] = x[T, K] · w[N, K]ᵀ with x and w of dtype ab, y of dtype d. Returns XINFER_UNSUPPORTED
 // (without an error message) when cuBLASLt offers no algorithm, so the caller can fall back.
 int lt_matmul(Context* c, const void* x, const void* w, void* y, int64_t T, int64_t N, int64_t K, int ab, int d) {
@@ -635,6 +637,8 @@ int lt_matmul(Context* c, const void* x, const void* w, void* y, int64_t T, int6
     if (desc) cublasLtMatmulDescDestroy(desc);
     return rc;
 }
+
+namespace {
 
 // The scale grid of an f8 weight [N, K] with scale [scale_rows, scale_cols]: contiguous when
 // scale_rows == ceil(N / block_rows), else the smallest equal row-shard count that explains

@@ -64,4 +64,9 @@ struct Gemv {
 bool gemv_fits(const Gemv& g);
 int launch_gemv(Context* c, const Gemv& g);
 
+// cuBLASLt: y[T, N] = x[T, K] · w[N, K]ᵀ, x and w of dtype ab (f32, bf16, f16), y of dtype d, f32
+// accumulation; algorithms cached per shape. XINFER_UNSUPPORTED (no message) when cuBLASLt offers
+// no algorithm.
+int lt_matmul(Context* c, const void* x, const void* w, void* y, int64_t T, int64_t N, int64_t K, int ab, int d);
+
 }  // namespace xcuda

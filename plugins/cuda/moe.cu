@@ -14,6 +14,8 @@
 // The order of rows inside an expert's block depends on atomics, but every row is computed
 // independently and the combine sums in slot order, so results are bitwise reproducible.
 //
+// Prefill chunks (P ≥ 2,048 pairs, outside graph capture) take one cuBLASLt GEMM per expert
+// instead, after reading the per-expert row counts on the host (see "many pairs").
 // Few tokens (decode, verification, small serving batches; bf16 or FP8 block-scaled experts) take
 // the grouped path instead: two tensor-core weight streams that read each touched expert's weights
 // once, whatever the number of tokens that chose it (see "few-token experts grouped by expert").
@@ -178,17 +180,20 @@ __global__ void scatter_kernel(const int32_t* ids /*[P]*/, int64_t P, int E, int
     }
 }
 
-// out[t, h] = Σ_slot weights[t, slot] · dn[t·k + slot, h]; a pair with an invalid expert id
-// poisons its token's row with NaN (the CPU oracle reports an error).
-__global__ void combine_kernel(const float* dn /*[T·k, H]*/, const int32_t* ids /*[T, k]*/,
-                               const float* weights /*[T, k]*/, int top_k, int E, int64_t H, void* out /*[T, H]*/,
-                               int out_dtype) {
+// out[t, h] = Σ_slot weights[t, slot] · dn[row(t·k + slot), h], row = dn_row[pair] (null: the
+// pair itself); a pair with an invalid expert id poisons its token's row with NaN (the CPU oracle
+// reports an error).
+__global__ void combine_kernel(const float* dn /*[T·k, H]*/, const int32_t* dn_row /*[T·k] or null*/,
+                               const int32_t* ids /*[T, k]*/, const float* weights /*[T, k]*/, int top_k, int E,
+                               int64_t H, void* out /*[T, H]*/, int out_dtype) {
     const int64_t t = blockIdx.x;
     for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
         float acc = 0.f;
         for (int s = 0; s < top_k; ++s) {
-            const int32_t e = ids[t * top_k + s];
-            acc += (e >= 0 && e < E) ? weights[t * top_k + s] * dn[(t * top_k + s) * H + h] : __int_as_float(0x7fc00000);
+            const int64_t pair = t * top_k + s;
+            const int32_t e = ids[pair];
+            acc += (e >= 0 && e < E) ? weights[pair] * dn[(dn_row ? dn_row[pair] : pair) * H + h]
+                                     : __int_as_float(0x7fc00000);
         }
         store_f(out, out_dtype, t * H + h, acc);
     }
@@ -809,6 +814,164 @@ int launch_grouped(Context* c, const GroupedArgs& a, bool gate_up_fp8, bool down
     return down_fp8 ? launch_grouped_down<true, kNT>(c, a) : launch_grouped_down<false, kNT>(c, a);
 }
 
+// ---- many pairs (prefill): one cuBLASLt GEMM per expert ------------------------------------------
+// With thousands of (token, slot) pairs each expert's rows form a real GEMM (a 4,096-token prefill
+// over 8 experts: 4,096 rows each), which cuBLASLt runs near the tensor cores' peak; the custom
+// tiled kernel (gemm.cu) reached ~13% of it (ops-test --perf, H200). cuBLASLt needs each expert's
+// row count on the host, so this is the one run path that synchronizes and reads device memory:
+// only outside graph capture and for P ≥ kPerExpertGemmMinPairs (prefill chunks; decode graphs
+// hold at most 64 tokens). XINFER_CUDA_MOE_PER_EXPERT_GEMM=0 turns it off.
+//   1. count, plan, scatter (as the tiled path): sorted[P] = pair ids in expert order, counts[E]
+//   2. counts → host (the stream's only synchronization)
+//   3. xs[i] = x[sorted[i] / top_k] in bf16; inverse[sorted[i]] = i
+//   4. per expert: gu[rows_e] = xs[rows_e] · gate_up_eᵀ (bf16, as the tiled path stores it);
+//      FP8 experts are first widened to bf16 (fp8 · block scale, rounded as the tiled kernel does)
+//   5. swiglu → h (bf16, in xs's place)   6. per expert: dn[rows_e] = h[rows_e] · down_eᵀ (f32)
+//   7. combine in slot order, reading dn[inverse[pair]]
+constexpr int64_t kPerExpertGemmMinPairs = 2048;
+
+bool moe_per_expert_gemm_enabled() {
+    static const bool enabled = [] {
+        const char* v = std::getenv("XINFER_CUDA_MOE_PER_EXPERT_GEMM");
+        return !(v && v[0] == '0' && v[1] == 0);
+    }();
+    return enabled;
+}
+
+// One block per sorted row i: xs[i] = x[sorted[i] / top_k] as bf16, inverse[sorted[i]] = i.
+__global__ void gather_pairs_kernel(const void* x /*[T, H]*/, int x_dtype, bool vec, const int32_t* sorted /*[n]*/,
+                                    int top_k, int64_t H, __nv_bfloat16* xs /*[n, H]*/, int32_t* inverse /*[P]*/) {
+    const int64_t i = blockIdx.x;
+    const int32_t p = sorted[i];
+    if (threadIdx.x == 0) inverse[p] = int32_t(i);
+    const int64_t src = int64_t(p / top_k) * H;
+    if (vec) {
+        const uint4* from = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + src);
+        uint4* to = reinterpret_cast<uint4*>(xs + i * H);
+        for (int64_t c = threadIdx.x; c < H / 8; c += blockDim.x) to[c] = from[c];
+    } else {
+        for (int64_t h = threadIdx.x; h < H; h += blockDim.x) xs[i * H + h] = __float2bfloat16_rn(load_f(x, x_dtype, src + h));
+    }
+}
+
+// out[r, c] = bf16(fp8(w[r, c]) · scale[r / br][c / bc]) for one expert's [rows, cols] matrix.
+__global__ void widen_fp8_kernel(const uint8_t* w, const float* scale /*[ceil(rows/br), scale_cols]*/, int64_t rows,
+                                 int64_t cols, int64_t scale_cols, int br, int bc, __nv_bfloat16* out) {
+    const int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = i / cols, col = i % cols;
+        out[i] = __float2bfloat16_rn(fp8_to_float(w[i]) * scale[(r / br) * scale_cols + col / bc]);
+    }
+}
+
+struct PerExpertArgs {
+    const xinfer_tensor *x, *gate_up, *down, *gate_up_scale, *down_scale, *out;
+    const int32_t* ids;
+    const float* weights;
+    int64_t T, H, I, E, top_k, block_rows, block_cols;
+};
+
+int moe_per_expert_gemm(Context* c, const PerExpertArgs& a) {
+    const int64_t P = a.T * a.top_k, E = a.E, H = a.H, I = a.I;
+    const bool any_fp8 = a.gate_up->dtype == XINFER_DTYPE_F8_E4M3 || a.down->dtype == XINFER_DTYPE_F8_E4M3;
+    const int64_t max_tiles = ceil_div(P, kGemmTileM) + std::min(E, P);
+    ScratchPlan plan;
+    const size_t off_counts = plan.add(size_t(E) * 4), off_cursor = plan.add(size_t(E) * 4),
+                 off_tile_offset = plan.add(size_t(E) * 4), off_n_tiles = plan.add(4),
+                 off_tiles = plan.add(size_t(max_tiles) * sizeof(int4)), off_sorted = plan.add(size_t(P) * 4),
+                 off_inverse = plan.add(size_t(P) * 4), off_xs = plan.add(size_t(P * std::max(H, I)) * 2),
+                 off_gu = plan.add(size_t(P * 2 * I) * 2), off_dn = plan.add(size_t(P * H) * 4),
+                 off_wide = plan.add(any_fp8 ? size_t(2 * I * H) * 2 : 0);
+    if (int rc = ensure_scratch(c, plan.total)) return rc;
+    char* s = c->scratch;
+    auto* counts = reinterpret_cast<int32_t*>(s + off_counts);
+    auto* cursor = reinterpret_cast<int32_t*>(s + off_cursor);
+    auto* sorted = reinterpret_cast<int32_t*>(s + off_sorted);
+    auto* inverse = reinterpret_cast<int32_t*>(s + off_inverse);
+    auto* xs = reinterpret_cast<__nv_bfloat16*>(s + off_xs);  // [n, H], then h [n, I]
+    auto* gu = reinterpret_cast<__nv_bfloat16*>(s + off_gu);  // [n, 2I]
+    auto* dn = reinterpret_cast<float*>(s + off_dn);          // [n, H] in expert order
+    auto* wide = reinterpret_cast<__nv_bfloat16*>(s + off_wide);
+
+    const int threads = 256;
+    const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(ceil_div(P, threads), c->sm_count * 4)));
+    XCUDA_TRY(c, cudaMemsetAsync(counts, 0, size_t(E) * 4, c->stream));
+    count_kernel<<<blocks, threads, 0, c->stream>>>(a.ids, P, int(E), counts);
+    XCUDA_CHECK_LAUNCH(c, "count_kernel");
+    plan_kernel<<<1, 256, 0, c->stream>>>(counts, int(E), cursor, reinterpret_cast<int32_t*>(s + off_tile_offset),
+                                          reinterpret_cast<int4*>(s + off_tiles),
+                                          reinterpret_cast<int32_t*>(s + off_n_tiles));
+    XCUDA_CHECK_LAUNCH(c, "plan_kernel");
+    scatter_kernel<<<blocks, threads, 0, c->stream>>>(a.ids, P, int(E), cursor, sorted);
+    XCUDA_CHECK_LAUNCH(c, "scatter_kernel");
+    std::vector<int32_t> rows_of(static_cast<size_t>(E));
+    XCUDA_TRY(c, cudaMemcpyAsync(rows_of.data(), counts, size_t(E) * 4, cudaMemcpyDeviceToHost, c->stream));
+    XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
+    int64_t n = 0;  // valid pairs (ids outside [0, E) are left out; combine makes their tokens NaN)
+    for (int32_t r : rows_of) n += r;
+
+    if (n > 0) {
+        const bool vec = a.x->dtype == XINFER_DTYPE_BF16 && H % 8 == 0 && pointer_alignment(a.x->data) >= 16;
+        gather_pairs_kernel<<<unsigned(n), 128, 0, c->stream>>>(a.x->data, a.x->dtype, vec, sorted, int(a.top_k), H,
+                                                                  xs, inverse);
+        XCUDA_CHECK_LAUNCH(c, "gather_pairs_kernel");
+    }
+    // y[rows] = act[rows] · w[N, K]ᵀ for one expert; the custom tiled kernel if cuBLASLt declines.
+    const auto expert_gemm = [&](const __nv_bfloat16* act, const void* w, void* y, int64_t rows, int64_t N, int64_t K,
+                                 int y_dtype) -> int {
+        const int rc = lt_matmul(c, act, w, y, rows, N, K, XINFER_DTYPE_BF16, y_dtype);
+        if (rc != XINFER_UNSUPPORTED) return rc;
+        GroupedGemm g;
+        g.a = act;
+        g.lda = K;
+        g.b = w;
+        g.n = N;
+        g.k = K;
+        g.c = y;
+        g.c_dtype = y_dtype;
+        g.ldc = N;
+        g.m = rows;
+        return launch_grouped_gemm(c, g, ceil_div(rows, kGemmTileM));
+    };
+    // Expert e's weights [rows, cols] as bf16: in place, or widened from e4m3 into `wide`.
+    const auto expert_weights = [&](const xinfer_tensor& w, const xinfer_tensor& scale, int64_t e, int64_t rows,
+                                    int64_t cols, const void** out) -> int {
+        if (w.dtype == XINFER_DTYPE_BF16) {
+            *out = static_cast<const __nv_bfloat16*>(w.data) + e * rows * cols;
+            return XINFER_OK;
+        }
+        const int64_t scale_rows = scale.shape[1], scale_cols = scale.shape[2];
+        const int grid = int(std::min<int64_t>(ceil_div(rows * cols, 256), int64_t(c->sm_count) * 16));
+        widen_fp8_kernel<<<grid, 256, 0, c->stream>>>(static_cast<const uint8_t*>(w.data) + e * rows * cols,
+                                                      static_cast<const float*>(scale.data) + e * scale_rows * scale_cols,
+                                                      rows, cols, scale_cols, int(a.block_rows), int(a.block_cols), wide);
+        XCUDA_CHECK_LAUNCH(c, "widen_fp8_kernel");
+        *out = wide;
+        return XINFER_OK;
+    };
+    int64_t row = 0;
+    for (int64_t e = 0; e < E; row += rows_of[size_t(e)], ++e) {
+        if (rows_of[size_t(e)] == 0) continue;
+        const void* w = nullptr;
+        if (int rc = expert_weights(*a.gate_up, *a.gate_up_scale, e, 2 * I, H, &w)) return rc;
+        if (int rc = expert_gemm(xs + row * H, w, gu + row * 2 * I, rows_of[size_t(e)], 2 * I, H, XINFER_DTYPE_BF16))
+            return rc;
+    }
+    __nv_bfloat16* h = xs;  // xs is dead once every gate_up GEMM has run (stream order)
+    if (int rc = launch_swiglu(c, gu, XINFER_DTYPE_BF16, h, XINFER_DTYPE_BF16, n, I)) return rc;
+    row = 0;
+    for (int64_t e = 0; e < E; row += rows_of[size_t(e)], ++e) {
+        if (rows_of[size_t(e)] == 0) continue;
+        const void* w = nullptr;
+        if (int rc = expert_weights(*a.down, *a.down_scale, e, H, I, &w)) return rc;
+        if (int rc = expert_gemm(h + row * I, w, dn + row * H, rows_of[size_t(e)], H, I, XINFER_DTYPE_F32)) return rc;
+    }
+    combine_kernel<<<unsigned(a.T), 256, 0, c->stream>>>(dn, inverse, a.ids, a.weights, int(a.top_k), int(E), H,
+                                                          a.out->data, a.out->dtype);
+    XCUDA_CHECK_LAUNCH(c, "combine_kernel");
+    return XINFER_OK;
+}
+
 // ---- f32 experts ---------------------------------------------------------------------------------
 // Checkpoints that run in f32 (tiny golden fixtures, --dtype float32) keep f32 expert weights.
 // This path is for exactness, not speed: one warp per (pair, output row) dot product in f32.
@@ -940,7 +1103,7 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
         f32_down_kernel<<<unsigned(ceil_div(P * H * 32, 256)), 256, 0, c->stream>>>(
             act, id_ptr, int(E), static_cast<const float*>(down.data), P, I, H, dn);
         XCUDA_CHECK_LAUNCH(c, "f32_down_kernel");
-        combine_kernel<<<unsigned(T), 256, 0, c->stream>>>(dn, id_ptr, static_cast<const float*>(weights.data),
+        combine_kernel<<<unsigned(T), 256, 0, c->stream>>>(dn, nullptr, id_ptr, static_cast<const float*>(weights.data),
                                                             int(k), int(E), H, out.data, out.dtype);
         XCUDA_CHECK_LAUNCH(c, "combine_kernel");
         return XINFER_OK;
@@ -1008,6 +1171,19 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
             if (busiest <= 8) return launch_grouped<1>(c, a, gu_fp8, dn_fp8);
             if (busiest <= 16) return launch_grouped<2>(c, a, gu_fp8, dn_fp8);
             return launch_grouped<4>(c, a, gu_fp8, dn_fp8);
+        }
+    }
+
+    // Many pairs (prefill chunks), bf16 or fp8 experts: one cuBLASLt GEMM per expert.
+    {
+        const auto wide_ok = [](const xinfer_tensor& w) {
+            return w.dtype == XINFER_DTYPE_F8_E4M3 || (w.dtype == XINFER_DTYPE_BF16 && pointer_alignment(w.data) >= 16);
+        };
+        if (P >= kPerExpertGemmMinPairs && moe_per_expert_gemm_enabled() && wide_ok(gate_up) && wide_ok(down) &&
+            H % 8 == 0 && I % 8 == 0 && !stream_capturing(c)) {
+            const PerExpertArgs a{&x, &gate_up, &down, &gate_up_scale, &down_scale, &out, id_data,
+                                  static_cast<const float*>(weights.data), T, H, I, E, k, br, bc};
+            return moe_per_expert_gemm(c, a);
         }
     }
 
@@ -1101,7 +1277,7 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
             if (int rc = launch_gemv(c, up)) return rc;
             if (int rc = launch_swiglu(c, s + off_gu, XINFER_DTYPE_BF16, s + off_h, XINFER_DTYPE_BF16, P, I)) return rc;
             if (int rc = launch_gemv(c, dn)) return rc;
-            combine_kernel<<<unsigned(T), 256, 0, c->stream>>>(reinterpret_cast<const float*>(s + off_dn), id_data,
+            combine_kernel<<<unsigned(T), 256, 0, c->stream>>>(reinterpret_cast<const float*>(s + off_dn), nullptr, id_data,
                                                                 static_cast<const float*>(weights.data), int(k),
                                                                 int(E), H, out.data, out.dtype);
             XCUDA_CHECK_LAUNCH(c, "combine_kernel");
@@ -1193,7 +1369,7 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
     d.c_rows = sorted;
     if (int rc = launch_grouped_gemm(c, d, max_tiles)) return rc;
 
-    combine_kernel<<<unsigned(T), 256, 0, c->stream>>>(dn, id_data, static_cast<const float*>(weights.data), int(k),
+    combine_kernel<<<unsigned(T), 256, 0, c->stream>>>(dn, nullptr, id_data, static_cast<const float*>(weights.data), int(k),
                                                         int(E), H, out.data, out.dtype);
     XCUDA_CHECK_LAUNCH(c, "combine_kernel");
     return XINFER_OK;

@@ -1052,6 +1052,10 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_experts_fp8_case(5, 192, 320, 16, 3, 64, 64, ++seed));
     cases.push_back(moe_experts_fp8_case(3, 256, 96, 8, 8, 128, 48, ++seed));
     cases.push_back(moe_experts_fp8_case(20, 256, 96, 8, 8, 128, 48, ++seed));
+    // Prefill-sized batches (≥ 2,048 pairs: one cuBLASLt GEMM per expert on cuda, FP8 experts
+    // widened to bf16 first).
+    cases.push_back(moe_experts_case(300, 264, 136, 8, 8, bf16, ++seed));
+    cases.push_back(moe_experts_fp8_case(260, 272, 208, 8, 8, 128, 128, ++seed));
     // The real decode shapes (up to 134M-weight matrices, fp8 dense weights the CPU does not take)
     // only when asked: XINFER_OPS_TEST_DECODE_MATMULS=1 (scripts/gpu-gemv.sh sets it).
     if (const char* v = std::getenv("XINFER_OPS_TEST_DECODE_MATMULS"); v && std::strcmp(v, "1") == 0)
@@ -1124,6 +1128,10 @@ std::vector<OpCase> perf_cases() {
     for (int T : {1, 2, 4, 8}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 8, 8, 128, 128, ++seed));
     for (int T : {8, 16, 32, 64}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 32, 8, 128, 128, ++seed));
     cases.push_back(moe_experts_fp8_case(1, hidden, 2048, 256, 8, 128, 128, ++seed));
+    // A 4,096-token prefill chunk of the bench models' experts (plugins/cuda/moe.cu: one cuBLASLt
+    // GEMM per expert from 2,048 pairs on), bf16 and FP8.
+    cases.push_back(moe_experts_case(4096, hidden, 2048, 8, 8, bf16, ++seed));
+    cases.push_back(moe_experts_fp8_case(4096, hidden, 2048, 8, 8, 128, 128, ++seed));
     add_decode_matmul_perf_cases(cases, seed);
     return cases;
 }
