@@ -465,8 +465,13 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
             backend_.rmsnorm(k.reshape({n_tokens * n_kv, dk}), w.k_norm, eps, k.reshape({n_tokens * n_kv, dk}));
         }
         const RopeParams rope{spec.rotary_dim, spec.rope_theta};
-        backend_.rope(q, batch.positions, rope);
-        backend_.rope(k, batch.positions, rope);
+        if (n_tokens == 1 && k.data == static_cast<char*>(q.data) + q.nbytes()) {
+            // One token's q and k are adjacent (its qkv row): one launch rotates both sets of heads.
+            backend_.rope(Tensor(q.data, act, {n_tokens, n_q + n_kv, dk}), batch.positions, rope);
+        } else {
+            backend_.rope(q, batch.positions, rope);
+            backend_.rope(k, batch.positions, rope);
+        }
         if (config_.value_scale != 1.f) backend_.scale(v, config_.value_scale);
         tap("q", layer, q);
         tap("k", layer, k);
