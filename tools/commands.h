@@ -43,5 +43,6 @@ void add_ops_test_command(CLI::App& app);
 void add_dump_command(CLI::App& app);
 void add_xray_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace xinfer::cli

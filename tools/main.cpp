@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
     xinfer::cli::add_dump_command(app);
     xinfer::cli::add_xray_command(app);
     xinfer::cli::add_plan_command(app);
+    xinfer::cli::add_serve_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

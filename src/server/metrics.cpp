@@ -33,6 +33,12 @@ public:
         for (size_t i = 0; i < values.size(); ++i)
             sample(fmt::format("{}_total", name), fmt::format(",position=\"{}\"", i), double(values[i]));
     }
+    // One counter family with one sample per label value (label `label`="key").
+    void counter_by(const char* name, const char* help, const char* label, const std::map<std::string, int64_t>& values) {
+        header(name, help, "counter");
+        for (const auto& [key, value] : values)
+            sample(fmt::format("{}_total", name), fmt::format(",{}=\"{}\"", label, escape_label(key)), double(value));
+    }
     std::string text() && { return std::move(text_); }
 
 private:
@@ -49,7 +55,8 @@ private:
 
 }  // namespace
 
-std::string prometheus_metrics(const EngineStats& stats, const std::string& model_name) {
+std::string prometheus_metrics(const EngineStats& stats, const std::string& model_name,
+                               const RequestCounters* requests) {
     Exposition e(model_name);
     e.gauge("vllm:num_requests_running", "Requests in the running batch.", double(stats.running));
     e.gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", double(stats.waiting));
@@ -59,6 +66,12 @@ std::string prometheus_metrics(const EngineStats& stats, const std::string& mode
               stats.preemptions);
     e.counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_query_tokens);
     e.counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_hit_tokens);
+    if (requests) {
+        e.counter("vllm:prompt_tokens", "Prompt tokens of finished requests.", requests->prompt_tokens);
+        e.counter("vllm:generation_tokens", "Tokens generated for finished requests.", requests->generation_tokens);
+        e.counter_by("vllm:request_success", "Finished requests by finish reason.", "finished_reason",
+                     requests->finished);
+    }
     if (!stats.spec_method.empty()) {
         const SpecCounters& s = stats.spec;
         e.counter("vllm:spec_decode_num_drafts", "Verify steps (draft chains).", s.num_drafts);

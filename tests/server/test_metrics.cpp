@@ -65,6 +65,22 @@ TEST(Metrics, NoSpeculationNoSpecDecodeFamilies) {
     EXPECT_EQ(parse(text).size(), 6u);
 }
 
+// The server's request counters: vLLM's prompt/generation token totals and request_success by
+// finished_reason.
+TEST(Metrics, RequestCounters) {
+    RequestCounters requests;
+    requests.prompt_tokens = 30;
+    requests.generation_tokens = 44;
+    requests.finished = {{"length", 3}, {"stop", 2}, {"abort", 1}};
+    const auto s = parse(prometheus_metrics(EngineStats{}, "m", &requests));
+    EXPECT_EQ(s.at(R"(vllm:prompt_tokens_total{model_name="m"})"), 30);
+    EXPECT_EQ(s.at(R"(vllm:generation_tokens_total{model_name="m"})"), 44);
+    EXPECT_EQ(s.at(R"(vllm:request_success_total{model_name="m",finished_reason="length"})"), 3);
+    EXPECT_EQ(s.at(R"(vllm:request_success_total{model_name="m",finished_reason="stop"})"), 2);
+    EXPECT_EQ(s.at(R"(vllm:request_success_total{model_name="m",finished_reason="abort"})"), 1);
+    EXPECT_EQ(s.size(), 6u + 5u);
+}
+
 // The exposition of a real engine run reports the counters the engine keeps.
 TEST(Metrics, ReportsAnEngineRun) {
     EngineOptions options;

@@ -1,0 +1,57 @@
+// The OpenAI completions protocol on token ids: request validation and the response / stream
+// chunk bodies, as pure functions (tested without sockets; server.cpp does the HTTP).
+//
+// xinfer has no tokenizer yet, so prompts are token ids — the API's own "array of tokens" and
+// "array of token arrays" prompt forms — and completions come back as token ids in each choice's
+// `token_ids` (vLLM's field for the same thing), with `text` empty. Everything a request asks for
+// that needs text (string prompts, stop strings) or is not implemented (n > 1, logprobs, echo,
+// penalties) is refused with a 400 that says so, rather than ignored.
+#pragma once
+
+#include "xinfer/sampling_params.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace xinfer {
+
+struct CompletionRequest {
+    std::string model;                         // as sent; empty when omitted
+    std::vector<std::vector<int32_t>> prompts; // one choice per prompt
+    int max_tokens = 16;                       // OpenAI's default
+    SamplingParams sampling;
+    bool seeded = false;                       // 'seed' given; else the server draws one per request
+    std::vector<int32_t> stop_token_ids;
+    bool stream = false;
+    bool include_usage = false;                // stream_options.include_usage: a last chunk with usage
+};
+
+// The request, or `error` set to the reason a client gets with a 400.
+struct ParsedCompletion {
+    CompletionRequest request;
+    std::string error;
+};
+ParsedCompletion parse_completion_request(const std::string& body);
+
+// {"error": {"message", "type", "code"}}: OpenAI's error body.
+nlohmann::json error_body(const std::string& message, const std::string& type, int code);
+
+struct ChoiceResult {
+    std::vector<int32_t> token_ids;
+    std::string finish_reason;  // "stop", "length", "abort"
+    int64_t prompt_tokens = 0;
+};
+// The non-streaming response: one choice per prompt, and usage summed over them.
+nlohmann::json completion_body(const std::string& id, int64_t created, const std::string& model,
+                               const std::vector<ChoiceResult>& choices);
+// One streamed chunk: choice `index` gained `token_ids`; finish_reason set on its last chunk.
+nlohmann::json completion_chunk(const std::string& id, int64_t created, const std::string& model, int index,
+                                const std::vector<int32_t>& token_ids, const std::string& finish_reason);
+// The last streamed chunk when stream_options.include_usage: no choices, the usage.
+nlohmann::json usage_chunk(const std::string& id, int64_t created, const std::string& model,
+                           const std::vector<ChoiceResult>& choices);
+
+}  // namespace xinfer

@@ -1,0 +1,281 @@
+// The HTTP server end to end on the qwen3_f32 fixture (CPU): completions equal the engine's own
+// output, alone, batched, streamed and concurrent; bad requests get 4xx with a reason and the
+// server keeps serving; a client that hangs up has its request aborted; /metrics counts; the
+// profile is written at stop.
+#include "models/fixture.h"
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+namespace xinfer::test {
+namespace {
+
+using json = nlohmann::json;
+
+// Greedy tokens for `prompt` straight from the engine (before the server drives it).
+std::vector<int32_t> reference(Engine& engine, const std::vector<int32_t>& prompt, int max_tokens,
+                               std::vector<int32_t> stop_ids = {}) {
+    std::vector<int32_t> tokens;
+    engine.submit(prompt, {}, max_tokens, std::move(stop_ids), [&](const RequestOutput& out) {
+        tokens.insert(tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+    });
+    while (engine.has_work()) engine.step();
+    return tokens;
+}
+
+class ServerTest : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        EngineOptions options;
+        options.model_dir = fixture_dir("qwen3_f32").string();
+        options.max_num_seqs = 8;
+        engine_ = Engine::create(options).release();
+        const Fixture f = load_fixture("qwen3_f32");
+        prompt_a_ = std::vector<int32_t>(f.prompt.begin(), f.prompt.begin() + 6);
+        prompt_b_ = std::vector<int32_t>(f.prompt.begin() + 3, f.prompt.end());
+        ref_a_ = reference(*engine_, prompt_a_, 12);
+        ref_b_ = reference(*engine_, prompt_b_, 12);
+    }
+    static void TearDownTestSuite() {
+        delete engine_;
+        engine_ = nullptr;
+    }
+    void SetUp() override {
+        ServerOptions options;
+        options.port = 0;
+        options.model_name = "qwen3-test";
+        options.profile_path = profile_path_;
+        server_ = std::make_unique<Server>(*engine_, options);
+        port_ = server_->start();
+        client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
+        client_->set_read_timeout(60, 0);
+    }
+    void TearDown() override { server_->stop(); }
+
+    httplib::Result post(const json& body) { return client_->Post("/v1/completions", body.dump(), "application/json"); }
+    static json request(const std::vector<int32_t>& prompt, int max_tokens) {
+        return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
+    }
+    // A sample of /metrics by its full name with labels; -1 when absent.
+    double metric(const std::string& sample) {
+        const auto res = client_->Get("/metrics");
+        EXPECT_TRUE(res && res->status == 200);
+        const size_t at = res->body.find(sample + " ");
+        return at == std::string::npos ? -1 : std::stod(res->body.substr(at + sample.size() + 1));
+    }
+
+    static Engine* engine_;
+    static std::vector<int32_t> prompt_a_, prompt_b_, ref_a_, ref_b_;
+    std::string profile_path_;
+    std::unique_ptr<Server> server_;
+    std::unique_ptr<httplib::Client> client_;
+    int port_ = 0;
+};
+Engine* ServerTest::engine_ = nullptr;
+std::vector<int32_t> ServerTest::prompt_a_, ServerTest::prompt_b_, ServerTest::ref_a_, ServerTest::ref_b_;
+
+TEST_F(ServerTest, HealthAndModels) {
+    auto res = client_->Get("/health");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200);
+    res = client_->Get("/v1/models");
+    ASSERT_TRUE(res);
+    const json models = json::parse(res->body);
+    EXPECT_EQ(models["data"][0]["id"], "qwen3-test");
+    EXPECT_GT(models["data"][0]["max_model_len"].get<int64_t>(), 0);
+}
+
+TEST_F(ServerTest, CompletionEqualsTheEngine) {
+    const auto res = post(request(prompt_a_, 12));
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json body = json::parse(res->body);
+    EXPECT_EQ(body["choices"][0]["token_ids"].get<std::vector<int32_t>>(), ref_a_);
+    EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(body["usage"]["prompt_tokens"], prompt_a_.size());
+    EXPECT_EQ(body["usage"]["completion_tokens"], 12);
+    EXPECT_EQ(body["model"], "qwen3-test");
+}
+
+TEST_F(ServerTest, BatchedPromptsAndStopTokens) {
+    json body = request(prompt_a_, 12);
+    body["prompt"] = {prompt_a_, prompt_b_};
+    auto res = post(body);
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    json out = json::parse(res->body);
+    EXPECT_EQ(out["choices"][0]["token_ids"].get<std::vector<int32_t>>(), ref_a_);
+    EXPECT_EQ(out["choices"][1]["token_ids"].get<std::vector<int32_t>>(), ref_b_);
+    EXPECT_EQ(out["usage"]["completion_tokens"], 24);
+
+    // Stopping at the reference's 5th token: that token is the last one returned.
+    body = request(prompt_b_, 12);
+    body["stop_token_ids"] = {ref_b_[4]};
+    res = post(body);
+    ASSERT_TRUE(res);
+    out = json::parse(res->body);
+    const auto tokens = out["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+    const auto first = std::find(ref_b_.begin(), ref_b_.end(), ref_b_[4]);
+    EXPECT_EQ(tokens, std::vector<int32_t>(ref_b_.begin(), first + 1));
+    EXPECT_EQ(out["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ServerTest, StreamedChunksAddUpToTheCompletion) {
+    json body = request(prompt_b_, 12);
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    const auto res = post(body);
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+    std::vector<int32_t> tokens;
+    std::vector<json> events;
+    size_t at = 0;
+    bool done = false;
+    while ((at = res->body.find("data: ", at)) != std::string::npos) {
+        const size_t end = res->body.find("\n\n", at);
+        ASSERT_NE(end, std::string::npos);
+        const std::string data = res->body.substr(at + 6, end - at - 6);
+        at = end;
+        if (data == "[DONE]") {
+            done = true;
+            continue;
+        }
+        EXPECT_FALSE(done) << "an event after [DONE]";
+        events.push_back(json::parse(data));
+        if (!events.back()["choices"].empty())
+            for (int32_t t : events.back()["choices"][0]["token_ids"].get<std::vector<int32_t>>()) tokens.push_back(t);
+    }
+    EXPECT_TRUE(done);
+    EXPECT_EQ(tokens, ref_b_);
+    ASSERT_GE(events.size(), 2u);
+    const json& last_choice = events[events.size() - 2]["choices"][0];
+    EXPECT_EQ(last_choice["finish_reason"], "length");
+    EXPECT_EQ(events.back()["usage"]["completion_tokens"], 12);
+}
+
+// Sampling: a seed makes a request reproducible; without one, requests draw their own.
+TEST_F(ServerTest, SeedsMakeSamplesReproducible) {
+    const auto sample = [&](const json& extra) {
+        json body = {{"prompt", prompt_b_}, {"max_tokens", 12}, {"temperature", 1.0}};
+        body.update(extra);
+        const auto res = post(body);
+        EXPECT_TRUE(res && res->status == 200);
+        return res ? json::parse(res->body)["choices"][0]["token_ids"].get<std::vector<int32_t>>() : std::vector<int32_t>{};
+    };
+    EXPECT_EQ(sample({{"seed", 7}}), sample({{"seed", 7}}));
+    std::set<std::vector<int32_t>> unseeded;
+    for (int i = 0; i < 4; ++i) unseeded.insert(sample(json::object()));
+    EXPECT_GT(unseeded.size(), 1u);
+}
+
+// Requests from several clients at once are batched by the engine and still get their own tokens.
+TEST_F(ServerTest, ConcurrentClients) {
+    std::vector<std::thread> threads;
+    std::vector<std::vector<int32_t>> got(6);
+    for (int i = 0; i < 6; ++i)
+        threads.emplace_back([&, i] {
+            httplib::Client client("127.0.0.1", port_);
+            client.set_read_timeout(60, 0);
+            const auto res = client.Post("/v1/completions", request(i % 2 ? prompt_b_ : prompt_a_, 12).dump(),
+                                         "application/json");
+            if (res && res->status == 200)
+                got[size_t(i)] = json::parse(res->body)["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+        });
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(got[size_t(i)], i % 2 ? ref_b_ : ref_a_) << "client " << i;
+}
+
+TEST_F(ServerTest, BadRequestsGetReasonsAndTheServerKeepsServing) {
+    const auto expect = [&](const httplib::Result& res, int status, const std::string& reason) {
+        ASSERT_TRUE(res);
+        EXPECT_EQ(res->status, status) << res->body;
+        const json body = json::parse(res->body, nullptr, false);
+        ASSERT_FALSE(body.is_discarded()) << res->body;
+        EXPECT_NE(body["error"]["message"].get<std::string>().find(reason), std::string::npos) << res->body;
+    };
+    expect(client_->Post("/v1/completions", "{\"prompt\": [1, 2", "application/json"), 400, "not valid JSON");
+    expect(post({{"prompt", "Hello"}}), 400, "no tokenizer");
+    expect(post(request({1, 2, 1 << 30}, 4)), 400, "outside the vocabulary");
+    expect(post(request(std::vector<int32_t>(5000, 1), 4)), 400, "max_model_len");
+    expect(post({{"prompt", {1, 2}}, {"model", "other"}}), 404, "does not exist");
+    expect(post({{"prompt", {1, 2}}, {"n", 3}}), 400, "'n' > 1");
+    expect(client_->Post("/v1/chat/completions", "{}", "application/json"), 501, "tokenizer");
+    expect(client_->Get("/v2/nothing"), 404, "no route GET /v2/nothing");
+    // A batch with one bad prompt is refused whole, and leaves nothing running.
+    json batch = request(prompt_a_, 4);
+    batch["prompt"] = {prompt_a_, {1, -5}};
+    expect(post(batch), 400, "outside the vocabulary");
+    EXPECT_EQ(metric(R"(vllm:num_requests_running{model_name="qwen3-test"})"), 0);
+
+    const auto res = post(request(prompt_a_, 12));
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200);
+    EXPECT_EQ(json::parse(res->body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), ref_a_);
+}
+
+// A client that hangs up mid-stream: its request is aborted and every KV page comes back.
+TEST_F(ServerTest, DisconnectAbortsTheRequest) {
+    json body = request(prompt_a_, 3000);
+    body["stream"] = true;
+    int chunks = 0;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+    httplib::Response res;
+    httplib::Error error = httplib::Error::Success;
+    client_->send(req, res, error);  // ends with Canceled after the third chunk
+    EXPECT_GE(chunks, 3);
+    const std::string aborted = R"(vllm:request_success_total{model_name="qwen3-test",finished_reason="abort"})";
+    for (int i = 0; i < 200 && metric(aborted) < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(metric(aborted), 1);
+    EXPECT_EQ(metric(R"(vllm:num_requests_running{model_name="qwen3-test"})"), 0);
+    EXPECT_EQ(metric(R"(vllm:kv_cache_usage_perc{model_name="qwen3-test"})"), 0);
+}
+
+TEST_F(ServerTest, MetricsCountRequests) {
+    ASSERT_EQ(post(request(prompt_a_, 5))->status, 200);
+    ASSERT_EQ(post(request(prompt_b_, 7))->status, 200);
+    EXPECT_EQ(metric(R"(vllm:request_success_total{model_name="qwen3-test",finished_reason="length"})"), 2);
+    EXPECT_EQ(metric(R"(vllm:prompt_tokens_total{model_name="qwen3-test"})"), double(prompt_a_.size() + prompt_b_.size()));
+    EXPECT_EQ(metric(R"(vllm:generation_tokens_total{model_name="qwen3-test"})"), 12);
+}
+
+// `xinfer serve --profile`: every step until stop() lands in the Chrome trace.
+class ProfiledServerTest : public ServerTest {
+protected:
+    void SetUp() override {
+        profile_path_ = (std::filesystem::temp_directory_path() / "xinfer_serve_profile_test.json").string();
+        std::filesystem::remove(profile_path_);
+        ServerTest::SetUp();
+    }
+};
+
+TEST_F(ProfiledServerTest, WritesTheTraceAtStop) {
+    ASSERT_EQ(post(request(prompt_a_, 4))->status, 200);
+    const std::string summary = server_->stop();
+    EXPECT_NE(summary.find("matmul"), std::string::npos) << summary;
+    std::ifstream in(profile_path_);
+    ASSERT_TRUE(in) << profile_path_;
+    const json trace = json::parse(in, nullptr, false);
+    ASSERT_FALSE(trace.is_discarded());
+    ASSERT_TRUE(trace.contains("traceEvents"));
+    size_t ops = 0;
+    for (const json& e : trace["traceEvents"]) ops += e.value("ph", "") == "X";
+    EXPECT_GT(ops, 50u);
+    std::filesystem::remove(profile_path_);
+}
+
+}  // namespace
+}  // namespace xinfer::test
