@@ -1,8 +1,8 @@
-// The HTTP server end to end on the qwen3_f32 fixture (CPU): completions equal the engine's own
-// output, alone, batched, streamed and concurrent; bad requests get 4xx with a reason and the
-// server keeps serving; a client that hangs up has its request aborted; /metrics counts; the
-// profile is written at stop.
-#include "models/fixture.h"
+// The HTTP server end to end on the qwen3_f32 fixture (CPU, or XINFER_TEST_DEVICE): completions
+// equal the engine's own output, alone, batched, streamed and concurrent; bad requests get 4xx with
+// a reason and the server keeps serving; a client that hangs up has its request aborted; /metrics
+// counts; the profile is written at stop, with device times on an accelerator.
+#include "models/model_test_util.h"
 #include "server/server.h"
 
 #include <gtest/gtest.h>
@@ -36,6 +36,7 @@ protected:
     static void SetUpTestSuite() {
         EngineOptions options;
         options.model_dir = fixture_dir("qwen3_f32").string();
+        options.device = test_device();
         options.max_num_seqs = 8;
         engine_ = Engine::create(options).release();
         const Fixture f = load_fixture("qwen3_f32");
@@ -271,9 +272,15 @@ TEST_F(ProfiledServerTest, WritesTheTraceAtStop) {
     const json trace = json::parse(in, nullptr, false);
     ASSERT_FALSE(trace.is_discarded());
     ASSERT_TRUE(trace.contains("traceEvents"));
-    size_t ops = 0;
-    for (const json& e : trace["traceEvents"]) ops += e.value("ph", "") == "X";
+    size_t ops = 0, device_ops = 0;
+    for (const json& e : trace["traceEvents"]) {
+        ops += e.value("ph", "") == "X";
+        device_ops += e.value("cat", "") == "device";
+    }
     EXPECT_GT(ops, 50u);
+    if (test_device() != "cpu") {
+        EXPECT_GT(device_ops, 50u) << "no device timeline (CUDA events)";
+    }
     std::filesystem::remove(profile_path_);
 }
 
