@@ -1,7 +1,8 @@
 // xinfer serve: the Engine behind an OpenAI-compatible HTTP API (src/server/server.h) until
 // SIGINT or SIGTERM.
 #include "commands.h"
-#include "server/server.h"
+#include "core/status.h"
+#include "server/server.h"  // declarations only; builds without cpp-httplib lack server.cpp
 
 #include <fmt/core.h>
 
@@ -42,6 +43,10 @@ void add_serve_command(CLI::App& app) {
                     "Profile every engine step until shutdown and write the Chrome trace (Perfetto) to this .json "
                     "file (profiled steps run eagerly)");
     cmd->callback([options] {
+#ifndef XINFER_HAS_HTTP_SERVER
+        fail("this xinfer was built without the HTTP server: cpp-httplib was not found at build time (Debian: apt "
+             "install libcpp-httplib-dev, or scripts/install_deps.sh), so rebuild after installing it");
+#else
         EngineOptions engine_options = options->engine;
         engine_options.model_dir = options->model.model_dir;
         engine_options.device = options->model.device;
@@ -72,6 +77,7 @@ void add_serve_command(CLI::App& app) {
         const std::string summary = server.stop();
         if (!server_options.profile_path.empty())
             fmt::print(stderr, "{}wrote {}\n", summary, server_options.profile_path);
+#endif
     });
 }
 
