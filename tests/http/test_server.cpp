@@ -253,6 +253,40 @@ TEST_F(ServerTest, MetricsCountRequests) {
     EXPECT_EQ(metric(R"(vllm:generation_tokens_total{model_name="qwen3-test"})"), 12);
 }
 
+// A speculating engine behind the server: the same greedy tokens as without speculation, and
+// /metrics carries vLLM's spec_decode_* counters.
+TEST_F(ServerTest, SpeculationIsLosslessAndCounted) {
+    EngineOptions options;
+    options.model_dir = fixture_dir("qwen3_f32").string();
+    options.device = test_device();
+    options.speculative_config = R"({"method": "ngram", "num_speculative_tokens": 3})";
+    std::unique_ptr<Engine> engine = Engine::create(options);
+    std::vector<int32_t> prompt;
+    for (int r = 0; r < 4; ++r) prompt.insert(prompt.end(), prompt_a_.begin(), prompt_a_.end());  // repeats: n-gram hits
+    // Without speculation: through this fixture's server (its engine thread owns engine_ now).
+    const auto plain_res = post(request(prompt, 16));
+    ASSERT_TRUE(plain_res && plain_res->status == 200);
+    const auto plain = json::parse(plain_res->body)["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+    ServerOptions server_options;
+    server_options.port = 0;
+    server_options.model_name = "spec";
+    Server server(*engine, server_options);
+    httplib::Client client("127.0.0.1", server.start());
+    client.set_read_timeout(60, 0);
+    const auto res = client.Post("/v1/completions", request(prompt, 16).dump(), "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(json::parse(res->body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), plain);
+    const auto metrics = client.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    const std::string drafts = R"(vllm:spec_decode_num_drafts_total{model_name="spec"} )";
+    const size_t at = metrics->body.find(drafts);
+    ASSERT_NE(at, std::string::npos) << metrics->body;
+    EXPECT_GT(std::stod(metrics->body.substr(at + drafts.size())), 0);
+    EXPECT_NE(metrics->body.find("vllm:spec_decode_num_accepted_tokens_per_pos_total"), std::string::npos);
+    server.stop();
+}
+
 // `xinfer serve --profile`: every step until stop() lands in the Chrome trace.
 class ProfiledServerTest : public ServerTest {
 protected:
