@@ -123,15 +123,22 @@ uint64_t workspace_estimate(const ModelConfig& config, const PlanOptions& option
         } else {
             const double k = config.router.top_k;
             layers += T * (double(config.n_experts) * 4 + 2 * k * 4);  // router logits f32, ids, weights
-            moe_internal = std::max(moe_internal, T * k * (hidden + 3 * double(config.moe_intermediate_size) / tp) * a);
+            // The largest expert path (the CUDA plugin's per-expert GEMMs for a prefill chunk): per
+            // (token, slot) pair, gathered rows then the swiglu output (bf16, max(hidden, inter)
+            // wide), gate_up (bf16, 2·inter), the down output (f32, hidden) and two indices; plus one
+            // expert's gate_up widened to bf16 when FP8 experts run that way.
+            const double inter = double(config.moe_intermediate_size) / tp;
+            moe_internal = std::max(moe_internal, T * k * (2 * std::max(hidden, inter) + 4 * inter + 4 * hidden + 8) +
+                                                      4 * inter * hidden);
         }
     }
     const double logits = double(logit_rows) * (double(config.vocab_size) * 4 + hidden * a);
     const double metadata = T * 4 * double(3 + 2 * n_groups);
     formula = fmt::format(
         "T = max_num_batched_tokens = {}, a = {} B: 3·T·hidden·a (residual stream) {} + Σ_layers T·a·(q+k+v+attn "
-        "widths) + T·a·3·ffn_width (dense) or T·(4·E + 8·top_k) (MoE routing) {} + MoE grouped-expert buffers "
-        "T·top_k·(hidden + 3·moe_inter)·a {} + logits rows {}·(vocab·4 + hidden·a) {} + step metadata {}",
+        "widths) + T·a·3·ffn_width (dense) or T·(4·E + 8·top_k) (MoE routing) {} + MoE expert buffers "
+        "T·top_k·(2·max(hidden, moe_inter) + 4·moe_inter + 4·hidden + 8) + 4·moe_inter·hidden {} + logits rows "
+        "{}·(vocab·4 + hidden·a) {} + step metadata {}",
         options.max_num_batched_tokens, a, bytes_text(stream), bytes_text(layers), bytes_text(moe_internal),
         logit_rows, bytes_text(logits), bytes_text(metadata));
     return uint64_t(stream + layers + moe_internal + logits + metadata);
