@@ -85,6 +85,13 @@ if [ $engine = 1 ]; then
             [ "$rc" = 0 ] || status=1
             note "xinfer ops-test --backend cuda: rc $rc"
             grep -iE 'fail|pass.*total|summary' "$OUT/ops-test.log" | tail -20 >>"$summary"
+            # Prefill-sized FP8 dense matmuls (widened to bf16, then cuBLASLt) against the CPU reference
+            # on dequantized weights; opt-in cases, since the CPU backend runs no FP8 MATMUL.
+            XINFER_OPS_TEST_DECODE_MATMULS=1 build/bin/xinfer ops-test --backend cuda --op matmul \
+                --filter '^matmul\(T=(520|600),' >"$OUT/ops-test-fp8-matmul.log" 2>&1
+            rc=$?
+            [ "$rc" = 0 ] || status=1
+            note "xinfer ops-test --backend cuda --op matmul, fp8 cases: rc $rc: $(grep -E 'passed' "$OUT/ops-test-fp8-matmul.log" | tail -1)"
             # The split-KV kernel runs nearly every attention; the flash kernel it replaced stays the
             # path for FP8 caches and wide heads, so it is checked on the whole attention grid too.
             XINFER_CUDA_DECODE_ATTENTION=0 build/bin/xinfer ops-test --backend cuda --op attention \

@@ -659,7 +659,42 @@ bool fit_scale_grid(int64_t N, int64_t K, int64_t br, int64_t bc, int64_t scale_
     return false;
 }
 
+__global__ void widen_fp8_kernel(const uint8_t* w /*[N, K]*/, const float* scale, int64_t N, int64_t K,
+                                 int64_t scale_cols, int64_t block_rows, int64_t block_cols, int64_t shard_rows,
+                                 int64_t blocks_per_shard, __nv_bfloat16* out /*[N, K]*/) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * K; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = i / K, col = i % K;
+        const int64_t scale_row = (r / shard_rows) * blocks_per_shard + (r % shard_rows) / block_rows;
+        out[i] = __float2bfloat16_rn(fp8_to_float(w[i]) * scale[scale_row * scale_cols + col / block_cols]);
+    }
+}
+
+// Prefill-sized FP8 dense matmuls (from this many rows) widen the weight to bf16 and run on
+// cuBLASLt; below, the widening (a read and a 2-byte write of every weight) costs more than the
+// tiled kernel loses. XINFER_CUDA_FP8_WIDEN=0 keeps the tiled kernel.
+constexpr int64_t kFp8WidenMinRows = 512;
+bool fp8_widen_enabled() {
+    static const bool enabled = [] {
+        const char* v = std::getenv("XINFER_CUDA_FP8_WIDEN");
+        return !(v && v[0] == '0' && v[1] == 0);
+    }();
+    return enabled;
+}
+
 }  // namespace
+
+int launch_widen_fp8(Context* c, const void* w, const float* scale, int64_t N, int64_t K, int64_t scale_cols,
+                     int64_t block_rows, int64_t block_cols, int64_t shard_rows, int64_t blocks_per_shard,
+                     __nv_bfloat16* out) {
+    if (N * K == 0) return XINFER_OK;
+    if (shard_rows <= 0) shard_rows = N;
+    if (blocks_per_shard <= 0) blocks_per_shard = ceil_div(shard_rows, block_rows);
+    const int grid = int(std::min<int64_t>(ceil_div(N * K, 256), int64_t(std::max(c->sm_count, 1)) * 16));
+    widen_fp8_kernel<<<grid, 256, 0, c->stream>>>(static_cast<const uint8_t*>(w), scale, N, K, scale_cols, block_rows,
+                                                  block_cols, shard_rows, blocks_per_shard, out);
+    XCUDA_CHECK_LAUNCH(c, "widen_fp8_kernel");
+    return XINFER_OK;
+}
 
 int launch_grouped_gemm(Context* c, const GroupedGemm& g, int64_t max_tiles) {
     const int64_t row_tiles = g.tiles ? max_tiles : ceil_div(g.m, kBM);
@@ -786,6 +821,26 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
             }
             return launch_stream_gemv(c, p, w.dtype, stream_x);
         }
+    }
+
+    // Prefill-sized FP8: the weight widened to bf16 in scratch, then cuBLASLt (falls through to
+    // the tiled kernel if cuBLASLt declines).
+    if (fp8 && T >= kFp8WidenMinRows && K > 0 && fp8_widen_enabled()) {
+        ScratchPlan plan;
+        const bool convert = x.dtype != XINFER_DTYPE_BF16;
+        const size_t off_x = convert ? plan.add(size_t(T * K) * 2) : 0, off_w = plan.add(size_t(N * K) * 2);
+        if (int rc = ensure_scratch(c, plan.total)) return rc;
+        const void* xb = x.data;
+        if (convert) {
+            if (int rc = launch_convert(c, x.data, x.dtype, c->scratch + off_x, XINFER_DTYPE_BF16, T * K)) return rc;
+            xb = c->scratch + off_x;
+        }
+        auto* wide = reinterpret_cast<__nv_bfloat16*>(c->scratch + off_w);
+        if (int rc = launch_widen_fp8(c, w.data, static_cast<const float*>(w_scale.data), N, K, w_scale.shape[1], br,
+                                      bc, shard_rows, blocks_per_shard, wide))
+            return rc;
+        const int rc = lt_matmul(c, xb, wide, y.data, T, N, K, XINFER_DTYPE_BF16, y.dtype);
+        if (rc != XINFER_UNSUPPORTED) return rc;
     }
 
     // x in the compute dtype, converted into scratch when it differs.

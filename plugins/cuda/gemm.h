@@ -64,6 +64,13 @@ struct Gemv {
 bool gemv_fits(const Gemv& g);
 int launch_gemv(Context* c, const Gemv& g);
 
+// w[N, K] e4m3 with block scales (GroupedGemm's scale grid: restarting every shard_rows rows,
+// blocks_per_shard scale rows per shard) → out[N, K] bf16, out = bf16(fp8 · scale) as the tiled
+// kernel rounds it. Prefill-sized FP8 matmuls (dense and per expert) then run on cuBLASLt.
+int launch_widen_fp8(Context* c, const void* w, const float* scale, int64_t N, int64_t K, int64_t scale_cols,
+                     int64_t block_rows, int64_t block_cols, int64_t shard_rows, int64_t blocks_per_shard,
+                     __nv_bfloat16* out);
+
 // cuBLASLt: y[T, N] = x[T, K] · w[N, K]ᵀ, x and w of dtype ab (f32, bf16, f16), y of dtype d, f32
 // accumulation; algorithms cached per shape. XINFER_UNSUPPORTED (no message) when cuBLASLt offers
 // no algorithm.

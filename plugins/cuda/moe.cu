@@ -854,16 +854,6 @@ __global__ void gather_pairs_kernel(const void* x /*[T, H]*/, int x_dtype, bool 
     }
 }
 
-// out[r, c] = bf16(fp8(w[r, c]) · scale[r / br][c / bc]) for one expert's [rows, cols] matrix.
-__global__ void widen_fp8_kernel(const uint8_t* w, const float* scale /*[ceil(rows/br), scale_cols]*/, int64_t rows,
-                                 int64_t cols, int64_t scale_cols, int br, int bc, __nv_bfloat16* out) {
-    const int64_t n = rows * cols;
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t r = i / cols, col = i % cols;
-        out[i] = __float2bfloat16_rn(fp8_to_float(w[i]) * scale[(r / br) * scale_cols + col / bc]);
-    }
-}
-
 struct PerExpertArgs {
     const xinfer_tensor *x, *gate_up, *down, *gate_up_scale, *down_scale, *out;
     const int32_t* ids;
@@ -941,13 +931,10 @@ int moe_per_expert_gemm(Context* c, const PerExpertArgs& a) {
             return XINFER_OK;
         }
         const int64_t scale_rows = scale.shape[1], scale_cols = scale.shape[2];
-        const int grid = int(std::min<int64_t>(ceil_div(rows * cols, 256), int64_t(c->sm_count) * 16));
-        widen_fp8_kernel<<<grid, 256, 0, c->stream>>>(static_cast<const uint8_t*>(w.data) + e * rows * cols,
-                                                      static_cast<const float*>(scale.data) + e * scale_rows * scale_cols,
-                                                      rows, cols, scale_cols, int(a.block_rows), int(a.block_cols), wide);
-        XCUDA_CHECK_LAUNCH(c, "widen_fp8_kernel");
         *out = wide;
-        return XINFER_OK;
+        return launch_widen_fp8(c, static_cast<const uint8_t*>(w.data) + e * rows * cols,
+                                static_cast<const float*>(scale.data) + e * scale_rows * scale_cols, rows, cols,
+                                scale_cols, a.block_rows, a.block_cols, rows, scale_rows, wide);
     };
     int64_t row = 0;
     for (int64_t e = 0; e < E; row += rows_of[size_t(e)], ++e) {

@@ -492,6 +492,10 @@ void add_decode_matmul_cases(std::vector<OpCase>& cases, uint32_t& seed) {
     cases.push_back(matmul_fp8_case(3, 512, 4096, 128, 48, 1, false, ++seed));
     cases.push_back(matmul_fp8_case(2, 300, 4000, 128, 100, 1, false, ++seed));   // a chunk straddles two scales
     cases.push_back(matmul_case(1, 152576, 4096, DType::bf16, ++seed));          // lm_head
+    // Prefill-sized FP8 (≥ 512 rows: the weight widened to bf16, then cuBLASLt on cuda): a
+    // head-sharded scale grid with partial blocks, and 48-column blocks.
+    cases.push_back(matmul_fp8_case(600, 1000, 4160, 128, 128, 5, false, ++seed));
+    cases.push_back(matmul_fp8_case(520, 512, 4096, 128, 48, 1, false, ++seed));
 }
 
 // Perf: the same shapes at T = 1, 3, 8 (bf16, fp8), lm_head at T = 1 and 8, routers.
@@ -1133,6 +1137,7 @@ std::vector<OpCase> perf_cases() {
     // GEMM per expert from 2,048 pairs on), bf16 and FP8.
     cases.push_back(moe_experts_case(4096, hidden, 2048, 8, 8, bf16, ++seed));
     cases.push_back(moe_experts_fp8_case(4096, hidden, 2048, 8, 8, 128, 128, ++seed));
+    cases.push_back(matmul_fp8_case(4096, 12288, 4096, 128, 128, 1, true, ++seed));  // a prefill q_proj, FP8
     add_decode_matmul_perf_cases(cases, seed);
     return cases;
 }
