@@ -140,9 +140,13 @@ int measure_bandwidth(void* ctx, double* gbps) {
     return guarded(ctx, XINFER_ERROR, [&] { *gbps = measure_copy_bandwidth_gbps(); });
 }
 
-// The CPU implements every op, in every variant its kernels accept; a wrong dtype or shape
-// is reported by run_op's validation with a precise message.
-int supports_op(void*, const xinfer_op* op) { return op->type > 0 && op->type < XINFER_OP_COUNT; }
+// The CPU implements every op, in every variant its kernels accept, except MATMUL on FP8
+// block-scaled weights (the CPU dequantizes them at load); a wrong dtype or shape is reported
+// by run_op's validation with a precise message.
+int supports_op(void*, const xinfer_op* op) {
+    if (op->type == XINFER_OP_MATMUL && op->src[2].rank > 0) return 0;
+    return op->type > 0 && op->type < XINFER_OP_COUNT;
+}
 
 int run_op(void* ctx, const xinfer_op* op) {
     return guarded(ctx, XINFER_ERROR, [&] { dispatch(*op); });
