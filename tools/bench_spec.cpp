@@ -3,6 +3,8 @@
 #include "core/status.h"
 #include "spec/drafter.h"
 
+#include "device_limits.h"
+
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
@@ -12,10 +14,6 @@
 
 namespace xinfer::cli {
 namespace {
-
-double now_seconds() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 template <typename Fn>
 double median_seconds(int iterations, Backend& backend, Fn&& fn) {

@@ -5,6 +5,7 @@
 #include "bench_spec.h"
 #include "commands.h"
 #include "core/status.h"
+#include "device_limits.h"
 #include "runtime/profiler.h"
 
 #include <fmt/core.h>
@@ -15,10 +16,6 @@
 
 namespace xinfer::cli {
 namespace {
-
-double now_seconds() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Bytes of K and V a decode step at context `kv_len` reads (each layer reads what its window allows).
 uint64_t kv_bytes_read(const ModelConfig& config, int64_t kv_len, size_t bytes_per_value) {
@@ -159,8 +156,10 @@ void add_bench_command(CLI::App& app) {
         const double bytes_per_token = weight_bytes + kv_bytes;
         const double achieved_gbps = bytes_per_token * decode_tps / 1e9;
         const double roofline_tps = bandwidth_gbps * 1e9 / bytes_per_token;
-        // Matmul FLOPs of prefill: 2 per active weight per token (attention scores excluded).
+        // Matmul FLOPs of prefill: 2 per active weight per token (attention scores excluded), against
+        // the rate of one large matmul measured now (ops-test --perf's peak).
         const double prefill_gflops = 2.0 * double(params.active) * prefill_tps / 1e9;
+        const MatmulPeak peak = measure_matmul_peak(backend);
 
         fmt::print("model: {} ({:.3f} B params, {:.3f} B active), device {}\n", config.architecture,
                    params.total / 1e9, params.active / 1e9, backend.name());
@@ -168,6 +167,9 @@ void add_bench_command(CLI::App& app) {
         fmt::print("prefill: {} tokens in {:.3f} s = {:.1f} tokens/s ({:.1f} GFLOP/s matmul; the process's first prefill, "
                    "another prompt: {:.3f} s)\n",
                    options->prompt_len, prefill_seconds, prefill_tps, prefill_gflops, first_prefill_seconds);
+        fmt::print("prefill achieved {:.3g} TFLOP/s = {:.1f}% of the matmul rate measured now ({:.3g} TFLOP/s, {})\n",
+                   prefill_gflops / 1e3, peak.tflops > 0 ? 100.0 * prefill_gflops / 1e3 / peak.tflops : 0.0, peak.tflops,
+                   peak.what);
         fmt::print("decode:  {} tokens in {:.3f} s = {:.2f} tokens/s ({})\n", options->gen_len, decode_seconds, decode_tps,
                    runner.graphs_enabled()
                        ? fmt::format("graphs: {} captured in {:.2f} s, {} replays", captured, capture_seconds,
@@ -197,6 +199,8 @@ void add_bench_command(CLI::App& app) {
         }
         nlohmann::json line = {{"prefill_tokens_per_s", prefill_tps},
                                {"prefill_first_s", first_prefill_seconds},
+                               {"matmul_peak_tflops", peak.tflops},
+                               {"prefill_matmul_fraction", peak.tflops > 0 ? prefill_gflops / 1e3 / peak.tflops : 0.0},
                                {"decode_tokens_per_s", decode_tps},
                                {"decode_bytes_per_token", bytes_per_token},
                                {"copy_bandwidth_gbps", bandwidth_gbps},

@@ -12,6 +12,7 @@
 #include "backend/op_cases.h"
 #include "backend/op_desc.h"
 #include "commands.h"
+#include "device_limits.h"
 
 #include <fmt/core.h>
 
@@ -25,15 +26,6 @@ namespace {
 
 using namespace op_cases;
 
-double now_seconds() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// "matmul(T=1, N=7)" + "bf16" → "matmul(T=1, N=7, act=bf16)"
-std::string with_activation(const std::string& description, const std::string& activation) {
-    if (description.empty() || description.back() != ')') return description + " act=" + activation;
-    return description.substr(0, description.size() - 1) + ", act=" + activation + ")";
-}
 
 std::string activation_list(const Backend& device) {
     std::string text;
@@ -126,56 +118,6 @@ int run_correctness(Backend& reference, Backend& device, const std::vector<OpCas
 }
 
 // ---- perf ----------------------------------------------------------------------------------------------
-
-// Milliseconds per run of `op`: one warm-up, one run to size the loop, then enough runs for
-// about `target_seconds`, timed with the backend's events when it has them (device time),
-// else with the host clock around a synchronize.
-double time_op(Backend& backend, const xinfer_op& op, double target_seconds, int* iterations_out) {
-    backend.run(op);
-    backend.synchronize();
-    const double start = now_seconds();
-    backend.run(op);
-    backend.synchronize();
-    const double single = std::max(now_seconds() - start, 1e-6);
-    const int iterations = int(std::clamp(target_seconds / single, 1.0, 1000.0));
-    *iterations_out = iterations;
-    if (backend.has_events()) {
-        void* begin = backend.event_record();
-        for (int i = 0; i < iterations; ++i) backend.run(op);
-        void* end = backend.event_record();
-        const double ms = backend.event_elapsed_ms(begin, end);
-        backend.event_destroy(begin);
-        backend.event_destroy(end);
-        return ms / iterations;
-    }
-    const double loop_start = now_seconds();
-    for (int i = 0; i < iterations; ++i) backend.run(op);
-    backend.synchronize();
-    return (now_seconds() - loop_start) * 1e3 / iterations;
-}
-
-struct MatmulPeak {
-    double tflops = 0;
-    std::string what;
-};
-
-// A large matmul through the backend: bf16 8192³ on accelerators, f32 1024³ on host-memory
-// backends (what the CPU reference's GEMM is built for).
-MatmulPeak measure_matmul_peak(Backend& device) {
-    const bool host = device.props().host_memory != 0;
-    const int64_t n = host ? 1024 : 8192;
-    const DType w = host ? DType::f32 : DType::bf16;
-    const OpCase c = matmul_case(n, n, n, w, 1);
-    const CaseData data = c.build();
-    const std::optional<DType> activation = pick_activation(data, device);
-    if (!activation) return {0, fmt::format("{}: not supported", c.description)};
-    PreparedCase prepared(data, device, *activation, false);
-    prepared.reset();
-    int iterations = 0;
-    const double ms = time_op(device, prepared.op(), 0.5, &iterations);
-    return {2.0 * double(n) * double(n) * double(n) / (ms * 1e-3) / 1e12,
-            with_activation(c.description, std::string(dtype_name(*activation)))};
-}
 
 std::string percent(double value, double limit) {
     return limit > 0 ? fmt::format("{:5.1f}%", 100.0 * value / limit) : std::string("  n/a");
