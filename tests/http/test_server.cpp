@@ -9,6 +9,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -243,6 +244,37 @@ TEST_F(ServerTest, DisconnectAbortsTheRequest) {
     EXPECT_EQ(metric(aborted), 1);
     EXPECT_EQ(metric(R"(vllm:num_requests_running{model_name="qwen3-test"})"), 0);
     EXPECT_EQ(metric(R"(vllm:kv_cache_usage_perc{model_name="qwen3-test"})"), 0);
+}
+
+// stop() while a client is streaming: the request is aborted, the client's stream ends, and
+// stop() returns (nothing hangs on the request's queue).
+TEST_F(ServerTest, StopEndsStreamsInFlight) {
+    json body = request(prompt_a_, 3000);
+    body["stream"] = true;
+    std::atomic<int> chunks{0};
+    std::thread client([&] {
+        httplib::Client c("127.0.0.1", port_);
+        c.set_read_timeout(60, 0);
+        httplib::Request req;
+        req.method = "POST";
+        req.path = "/v1/completions";
+        req.body = body.dump();
+        req.set_header("Content-Type", "application/json");
+        req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+            ++chunks;
+            return true;
+        };
+        httplib::Response res;
+        httplib::Error error = httplib::Error::Success;
+        c.send(req, res, error);
+    });
+    for (int i = 0; i < 200 && chunks < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_GE(chunks.load(), 2);
+    const auto start = std::chrono::steady_clock::now();
+    server_->stop();
+    client.join();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+    EXPECT_EQ(engine_->stats().running, 0);
 }
 
 TEST_F(ServerTest, MetricsCountRequests) {
