@@ -22,8 +22,8 @@ struct MatmulPeak {
     double tflops = 0;
     std::string what;  // the matmul timed
 };
-// A large matmul through the backend: bf16 8192³ on accelerators, f32 1024³ on host-memory
-// backends (what the CPU reference's GEMM is built for).
+// A large bf16-weight matmul through the backend: 8192³ on accelerators, 1024³ on host-memory
+// backends (the CPU's time for a larger one would dominate a benchmark).
 MatmulPeak measure_matmul_peak(Backend& device);
 
 }  // namespace xinfer::cli
