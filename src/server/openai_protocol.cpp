@@ -141,7 +141,7 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
         !number("temperature", 0.0, 100.0, temperature) || !number("top_p", 0.0, 1.0, top_p) ||
         !integer("top_k", -1, std::numeric_limits<int32_t>::max(), top_k) ||
         !integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed) ||
-        !integer("n", 1, 1024, n) || !number("presence_penalty", -2.0, 2.0, presence) ||
+        !integer("n", 1, 128, n) || !number("presence_penalty", -2.0, 2.0, presence) ||
         !number("frequency_penalty", -2.0, 2.0, frequency))
         return parsed;
     if (top_p <= 0.0) {
@@ -149,6 +149,7 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
         return parsed;
     }
     r.max_tokens = int(max_tokens);
+    r.n = int(n);
     r.sampling.temperature = float(temperature);
     r.sampling.top_p = float(top_p);
     r.sampling.top_k = top_k < 0 ? 0 : int(top_k);  // vLLM: -1 = no limit
@@ -156,8 +157,7 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
     r.seeded = j.contains("seed") && !j["seed"].is_null();
 
     // Requested features that are not there are refused, never silently dropped.
-    if (n != 1) error = "'n' > 1 is not supported (send the prompt several times)";
-    else if (presence != 0.0 || frequency != 0.0) error = "presence and frequency penalties are not supported";
+    if (presence != 0.0 || frequency != 0.0) error = "presence and frequency penalties are not supported";
     else if (j.contains("best_of") && !j["best_of"].is_null() && j["best_of"] != 1) error = "'best_of' is not supported";
     else if (j.contains("logprobs") && !j["logprobs"].is_null()) error = "'logprobs' is not supported";
     else if (j.value("echo", false) == true) error = "'echo' is not supported";

@@ -4,7 +4,7 @@
 // xinfer has no tokenizer yet, so prompts are token ids — the API's own "array of tokens" and
 // "array of token arrays" prompt forms — and completions come back as token ids in each choice's
 // `token_ids` (vLLM's field for the same thing), with `text` empty. Everything a request asks for
-// that needs text (string prompts, stop strings) or is not implemented (n > 1, logprobs, echo,
+// that needs text (string prompts, stop strings) or is not implemented (logprobs, echo,
 // penalties) is refused with a 400 that says so, rather than ignored.
 #pragma once
 
@@ -20,7 +20,8 @@ namespace xinfer {
 
 struct CompletionRequest {
     std::string model;                         // as sent; empty when omitted
-    std::vector<std::vector<int32_t>> prompts; // one choice per prompt
+    std::vector<std::vector<int32_t>> prompts; // n choices per prompt: choice p·n + j is prompt p's j-th
+    int n = 1;
     int max_tokens = 16;                       // OpenAI's default
     SamplingParams sampling;
     bool seeded = false;                       // 'seed' given; else the server draws one per request

@@ -170,9 +170,16 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res)
         return send_error(res, 404, fmt::format("the model '{}' does not exist; this server serves '{}'", request.model,
                                                 options.model_name));
 
+    // n choices per prompt, choice p·n + j; with a seed s, choice j samples with seed s + j (so the
+    // n choices differ, and the request stays reproducible).
     std::vector<std::shared_ptr<PromptStream>> streams;
     try {
-        for (const std::vector<int32_t>& prompt : request.prompts) streams.push_back(submit(prompt, request));
+        for (const std::vector<int32_t>& prompt : request.prompts)
+            for (int j = 0; j < request.n; ++j) {
+                CompletionRequest choice = request;
+                choice.sampling.seed = request.sampling.seed + uint64_t(j);
+                streams.push_back(submit(prompt, choice));
+            }
     } catch (const std::exception& e) {
         for (const auto& s : streams) abort(*s);  // the batch is refused whole
         for (const auto& s : streams) {

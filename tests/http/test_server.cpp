@@ -179,6 +179,32 @@ TEST_F(ServerTest, SeedsMakeSamplesReproducible) {
     EXPECT_GT(unseeded.size(), 1u);
 }
 
+// n choices per prompt: greedy ones are equal; sampled ones with a seed differ and reproduce.
+TEST_F(ServerTest, SeveralChoicesPerPrompt) {
+    json body = request(prompt_a_, 12);
+    body["prompt"] = {prompt_a_, prompt_b_};
+    body["n"] = 2;
+    auto res = post(body);
+    ASSERT_TRUE(res && res->status == 200);
+    json out = json::parse(res->body);
+    ASSERT_EQ(out["choices"].size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(out["choices"][i]["index"], i);
+        EXPECT_EQ(out["choices"][i]["token_ids"].get<std::vector<int32_t>>(), i < 2 ? ref_a_ : ref_b_) << i;
+    }
+    body = {{"prompt", prompt_b_}, {"max_tokens", 12}, {"temperature", 1.0}, {"seed", 3}, {"n", 3}};
+    res = post(body);
+    ASSERT_TRUE(res && res->status == 200);
+    out = json::parse(res->body);
+    ASSERT_EQ(out["choices"].size(), 3u);
+    std::set<std::vector<int32_t>> distinct;
+    for (const json& c : out["choices"]) distinct.insert(c["token_ids"].get<std::vector<int32_t>>());
+    EXPECT_GT(distinct.size(), 1u);
+    const auto again = post(body);
+    ASSERT_TRUE(again && again->status == 200);
+    EXPECT_EQ(json::parse(again->body)["choices"], out["choices"]);
+}
+
 // Requests from several clients at once are batched by the engine and still get their own tokens.
 TEST_F(ServerTest, ConcurrentClients) {
     std::vector<std::thread> threads;
@@ -209,7 +235,7 @@ TEST_F(ServerTest, BadRequestsGetReasonsAndTheServerKeepsServing) {
     expect(post(request({1, 2, 1 << 30}, 4)), 400, "outside the vocabulary");
     expect(post(request(std::vector<int32_t>(5000, 1), 4)), 400, "max_model_len");
     expect(post({{"prompt", {1, 2}}, {"model", "other"}}), 404, "does not exist");
-    expect(post({{"prompt", {1, 2}}, {"n", 3}}), 400, "'n' > 1");
+    expect(post({{"prompt", {1, 2}}, {"n", 0}}), 400, "'n' must be in");
     expect(client_->Post("/v1/chat/completions", "{}", "application/json"), 501, "tokenizer");
     expect(client_->Get("/v2/nothing"), 404, "no route GET /v2/nothing");
     // A batch with one bad prompt is refused whole, and leaves nothing running.

@@ -35,6 +35,8 @@ TEST(OpenAiProtocol, TokenPromptsAndSampling) {
     EXPECT_EQ(r.sampling.seed, 11u);
     EXPECT_TRUE(r.seeded);
     EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{2, 3}));
+    EXPECT_EQ(r.n, 1);
+    EXPECT_EQ(ok(R"({"prompt": [1], "n": 3})").request.n, 3);
     EXPECT_TRUE(r.stream);
     EXPECT_TRUE(r.include_usage);
 }
@@ -81,7 +83,7 @@ TEST(OpenAiProtocol, MissingFeaturesAreErrors) {
     refused(R"({"prompt": "Hello"})", "no tokenizer");
     refused(R"({"prompt": ["Hello", "there"]})", "no tokenizer");
     refused(R"({"prompt": [1], "stop": ["\n"]})", "'stop' strings need a tokenizer");
-    refused(R"({"prompt": [1], "n": 2})", "'n' > 1 is not supported");
+    refused(R"({"prompt": [1], "n": 0})", "'n' must be in");
     refused(R"({"prompt": [1], "logprobs": 2})", "'logprobs' is not supported");
     refused(R"({"prompt": [1], "echo": true})", "'echo' is not supported");
     refused(R"({"prompt": [1], "frequency_penalty": 0.5})", "penalties are not supported");
