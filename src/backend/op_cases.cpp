@@ -1,7 +1,10 @@
-// The op-case grid and the machinery that runs a case on two backends (see op_cases.h).
+// The op-case grid and the machinery that runs a case on two backends (see op_cases.h). The
+// shared tensor builders are declared in op_case_builders.h; the paged-KV cases are built in
+// op_cases_attention.cpp.
 #include "backend/op_cases.h"
 
 #include "backend/cpu/kv_fp8.h"
+#include "backend/op_case_builders.h"
 #include "backend/op_desc.h"
 
 #include <fmt/format.h>
@@ -15,48 +18,6 @@
 #include <random>
 
 namespace xinfer::op_cases {
-namespace {
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// ---- thresholds ----------------------------------------------------------------------------------
-//
-// NMSE = Σ(device − reference)² / Σ reference², after rounding the reference to the device's
-// output dtype, so a correctly rounded device result scores ~0 and what is measured is the
-// device's own intermediate rounding and summation order. One rounding to a format with unit
-// roundoff u (error uniform within half an ulp) costs at most u²/3 of NMSE:
-// bf16 u = 2^-8 → 5.1e-6, f16 u = 2^-11 → 8e-8, f32 u = 2^-24 → 1.2e-15.
-//
-//  class  op family                          threshold  why
-//  f32    everything                          1e-7      ggml test-backend-ops' default. A correct f32 kernel with
-//                                                       another summation order or a fast exp lands at 1e-14..1e-11;
-//                                                       a single bf16 rounding anywhere lands near 1e-6 and fails,
-//                                                       and so do f32 RoPE angles at large positions (~1e-5).
-//  f16    everything                          1e-6      ~12× one f16 rounding (a device may convert x to f16 to
-//                                                       match f16 weights).
-//  bf16   rmsnorm, add_rmsnorm, rope, swiglu, 5e-5      ~10× one bf16 rounding: these round once (the output; for
-//         scale, add                                    add_rmsnorm also the stored residual).
-//  bf16   matmul                              5e-5      bf16×bf16 products are exact in f32 and accumulate in f32;
-//                                                       only x's rounding (f32 x, bf16 w) and the output remain.
-//  bf16   attention                           1e-4      P is rounded to bf16 for P·V on tensor cores (≈2.5e-6),
-//                                                       plus split-KV partials and the output; 20-40× margin, while
-//                                                       a key off by one in a 128-wide window costs ~6e-5 per row.
-//  bf16   moe_experts                         2e-4      gate_up outputs and the SwiGLU hidden are rounded to bf16
-//                                                       between the two grouped GEMMs (three roundings in series).
-//  exact  embedding, convert, kv_store slots, 0         copies and RNE conversions; ids must be equal (ties go to
-//         argmax/sample/moe_route ids                    the lower index on every backend; sampling uses the same
-//                                                       uniforms on both sides).
-//  f32    moe_route weights                   1e-7      router math is f32 on every backend (logits are f32).
-constexpr Tolerance kElementwise{1e-7, 1e-6, 5e-5};
-constexpr Tolerance kMatmul{1e-7, 1e-6, 5e-5};
-constexpr Tolerance kAttention{1e-7, 1e-6, 1e-4};
-constexpr Tolerance kMoeExperts{1e-7, 1e-6, 2e-4};
-constexpr Tolerance kRouter{1e-7, 1e-7, 1e-7};
-constexpr Tolerance kExact{0, 0, 0};
-
-// Host values above this many elements are filled on the device instead, from a repeated random
-// chunk (perf shapes; every correctness tensor is below it).
-constexpr int64_t kMaxHostValues = int64_t(1) << 24;
 
 // ---- building tensors ----------------------------------------------------------------------------
 
@@ -96,14 +57,12 @@ void fill_uniform(CaseTensor& t, std::mt19937& rng, float lo, float hi) {
     t.values = uniform(n, rng, lo, hi);
 }
 
-CaseTensor act_input(std::string name, Slot slot, std::vector<int64_t> shape, std::mt19937& rng, float lo = -1.f,
-                     float hi = 1.f) {
+CaseTensor act_input(std::string name, Slot slot, std::vector<int64_t> shape, std::mt19937& rng, float lo, float hi) {
     CaseTensor t = make_tensor(std::move(name), slot, Access::input, true, DType::f32, std::move(shape));
     fill_uniform(t, rng, lo, hi);
     return t;
 }
-CaseTensor act_inout(std::string name, Slot slot, std::vector<int64_t> shape, std::mt19937& rng, float lo = -1.f,
-                     float hi = 1.f) {
+CaseTensor act_inout(std::string name, Slot slot, std::vector<int64_t> shape, std::mt19937& rng, float lo, float hi) {
     CaseTensor t = make_tensor(std::move(name), slot, Access::inout, true, DType::f32, std::move(shape));
     fill_uniform(t, rng, lo, hi);
     return t;
@@ -160,6 +119,8 @@ std::vector<int32_t> distinct(int64_t n, int64_t k, std::mt19937& rng) {
     all.resize(size_t(k));
     return all;
 }
+
+namespace {
 
 // ---- elementwise, norms, rope ------------------------------------------------------------------------
 
@@ -553,271 +514,6 @@ OpCase sample_case(int64_t rows, int64_t vocab, uint32_t seed) {
                          d.tensors.push_back(i32_output("ids", dst(0), {rows}));
                          return d;
                      });
-}
-
-// ---- paged KV: kv_store and attention ---------------------------------------------------------------------
-
-// Where one layer's K and V live: their own [pages, page_size, n_kv, d] tensors, or (pool_layers
-// > 0) blocks of a pool whose pages hold several layers, page_stride elements apart (the layout
-// of src/kv/kv_layout.h, plus `pad` elements per page). fp8 caches are raw bytes: each page of
-// a block holds its e4m3 values, then one f32 scale per (slot, kv head) (src/backend/cpu/kv_fp8.h).
-struct CacheGeometry {
-    int64_t n_pages = 0, page_size = 0, n_kv = 0, dk = 0, dv = 0;
-    int pool_layers = 0, layer = 0, pad = 0;
-    std::optional<DType> dtype = std::nullopt;  // fixed; default: the activation dtype
-
-    bool fp8() const { return dtype == DType::f8_e4m3; }
-    int64_t k_page_elements() const { return cpu::kv_cache_page_elements(dtype.value_or(DType::f32), page_size, n_kv, dk); }
-    int64_t v_page_elements() const { return cpu::kv_cache_page_elements(dtype.value_or(DType::f32), page_size, n_kv, dv); }
-    int64_t page_stride() const { return pool_layers ? pool_layers * (k_page_elements() + v_page_elements()) + pad : 0; }
-    int64_t k_offset() const { return layer * (k_page_elements() + v_page_elements()); }
-    int64_t v_offset() const { return k_offset() + k_page_elements(); }
-    // First element of page `page` of the K (or V) block in the K (or V) tensor / pool.
-    int64_t k_base(int64_t page) const { return pool_layers ? page * page_stride() + k_offset() : page * k_page_elements(); }
-    int64_t v_base(int64_t page) const { return pool_layers ? page * page_stride() + v_offset() : page * v_page_elements(); }
-    // Element of dim i of (page, slot, kv head g) in the K (or V) tensor / pool.
-    int64_t k_index(int64_t page, int64_t slot, int64_t g, int64_t i) const { return k_base(page) + (slot * n_kv + g) * dk + i; }
-    int64_t v_index(int64_t page, int64_t slot, int64_t g, int64_t i) const { return v_base(page) + (slot * n_kv + g) * dv + i; }
-    // fp8: byte of the f32 scale of (page, slot, kv head g).
-    int64_t k_scale_byte(int64_t page, int64_t slot, int64_t g) const {
-        return k_base(page) + page_size * n_kv * dk + (slot * n_kv + g) * cpu::kFp8ScaleBytes;
-    }
-    int64_t v_scale_byte(int64_t page, int64_t slot, int64_t g) const {
-        return v_base(page) + page_size * n_kv * dv + (slot * n_kv + g) * cpu::kFp8ScaleBytes;
-    }
-    std::string describe() const {
-        std::string text = fmt::format("page={}", page_size);
-        if (pool_layers) text += fmt::format(", page_stride={} (layer {} of {})", page_stride(), layer, pool_layers);
-        if (dtype) text += fmt::format(", cache={}", dtype_name(*dtype));
-        return text;
-    }
-};
-
-// Quantizes x[d] into an fp8 cache's raw bytes: values at value_byte, the scale at scale_byte.
-void put_fp8_row(std::vector<uint8_t>& raw, int64_t value_byte, int64_t scale_byte, const float* x, int64_t d) {
-    const float scale = cpu::kv_fp8_quantize_row(x, d, raw.data() + value_byte);
-    std::memcpy(raw.data() + scale_byte, &scale, sizeof scale);
-}
-
-// Adds the cache tensors (k_cache at src(k_slot), v_cache at src(k_slot + 1)), every element
-// initialised to `fill` (fp8: every byte 0xff, NaN values and NaN scales, when fill is NaN, else
-// 0); returns the indices of the tensors holding K and V values (the pool twice when pooled).
-std::pair<size_t, size_t> add_caches(CaseData& d, const CacheGeometry& g, int k_slot, Access access, float fill) {
-    auto cache = [&](std::string name, Slot slot, std::vector<int64_t> shape, int64_t elements) {
-        CaseTensor t = make_tensor(std::move(name), slot, access, !g.dtype, g.dtype.value_or(DType::f32), std::move(shape));
-        if (access == Access::inout) t.compare = Compare::exact;
-        if (g.fp8()) {
-            t.raw.assign(size_t(elements), std::isnan(fill) ? uint8_t(0xff) : uint8_t(0));
-        } else if (t.numel() > kMaxHostValues) {
-            t.bulk_random = 1.f;  // perf shapes: random on the device, no sentinels
-        } else {
-            t.values.assign(size_t(t.numel()), fill);
-        }
-        return t;
-    };
-    if (!g.pool_layers) {
-        CaseTensor k = cache("k_cache", src(k_slot), {g.n_pages, g.page_size, g.n_kv, g.dk}, g.n_pages * g.k_page_elements());
-        CaseTensor v = cache("v_cache", src(k_slot + 1), {g.n_pages, g.page_size, g.n_kv, g.dv}, g.n_pages * g.v_page_elements());
-        d.tensors.push_back(std::move(k));
-        d.tensors.push_back(std::move(v));
-        return {d.tensors.size() - 2, d.tensors.size() - 1};
-    }
-    d.tensors.push_back(cache("kv_pool", Slot{}, {g.n_pages, g.page_stride()}, g.n_pages * g.page_stride()));
-    const size_t pool_index = d.tensors.size() - 1;
-    for (int which = 0; which < 2; ++which) {
-        CaseTensor view = cache(which ? "v_cache" : "k_cache", src(k_slot + which),
-                                {g.n_pages, g.page_size, g.n_kv, which ? g.dv : g.dk}, 0);
-        view.access = Access::input;
-        view.compare = Compare::none;
-        view.values.clear();
-        view.raw.clear();
-        view.bulk_random = 0.f;
-        view.view_of = int(pool_index);
-        view.view_offset = which ? g.v_offset() : g.k_offset();
-        d.tensors.push_back(std::move(view));
-    }
-    d.op.batch.page_stride = g.page_stride();
-    return {pool_index, pool_index};
-}
-
-struct KvStoreSpec {
-    int64_t T;
-    CacheGeometry cache;
-    uint32_t seed;
-};
-
-OpCase kv_store_case(const KvStoreSpec& s) {
-    return make_case(XINFER_OP_KV_STORE,
-                     fmt::format("kv_store(T={}, kv_heads={}, d={}/{}, pages={}, {}, skipped slots)", s.T, s.cache.n_kv,
-                                 s.cache.dk, s.cache.dv, s.cache.n_pages, s.cache.describe()),
-                     kExact, [s] {
-                         std::mt19937 rng(s.seed);
-                         const CacheGeometry& g = s.cache;
-                         CaseData d = start(XINFER_OP_KV_STORE);
-                         d.tensors.push_back(act_input("k", src(0), {s.T, g.n_kv, g.dk}, rng));
-                         d.tensors.push_back(act_input("v", src(1), {s.T, g.n_kv, g.dv}, rng));
-                         if (g.fp8()) {
-                             // Rows of very different magnitudes (each gets its own scale), and an
-                             // all-zero row (scale 1 by the rule).
-                             std::uniform_real_distribution<float> exponent(-8.f, 8.f);
-                             for (size_t i : {size_t(0), size_t(1)}) {
-                                 CaseTensor& x = d.tensors[i];
-                                 const int64_t row = i == 0 ? g.dk : g.dv;
-                                 for (int64_t r = 0; r < x.numel() / row; ++r) {
-                                     const float factor = r == g.n_kv ? 0.f : std::exp2(exponent(rng));  // token 1, head 0
-                                     for (int64_t e = 0; e < row; ++e) x.values[size_t(r * row + e)] *= factor;
-                                 }
-                             }
-                         }
-                         const auto [k_index, v_index] = add_caches(d, g, 2, Access::inout, 0.f);
-                         // Old contents: random, so that untouched slots are checked too.
-                         for (size_t i : {k_index, v_index}) {
-                             for (float& x : d.tensors[i].values) x = std::uniform_real_distribution<float>(-1, 1)(rng);
-                             for (uint8_t& b : d.tensors[i].raw) b = uint8_t(rng());
-                         }
-                         std::vector<int32_t> slots = distinct(g.n_pages * g.page_size, s.T, rng);
-                         for (int64_t t = 0; t < s.T; t += 5) slots[size_t(t)] = -1;  // padding tokens
-                         d.tensors.push_back(i32_input("slot_mapping", {Slot::slot_mapping}, {s.T}, slots));
-                         d.op.batch.page_size = int32_t(g.page_size);
-                         return d;
-                     });
-}
-
-struct AttentionSpec {
-    std::string label;
-    std::vector<int> q_lens, kv_lens;  // per sequence; its queries are the last q_len of its kv_len keys
-    int n_q = 0, n_kv = 0, dk = 0, dv = 0;
-    int window = 0;
-    bool causal = true, sinks = false;
-    int page_size = 16;
-    int pool_layers = 0, layer = 0, pad = 0;
-    std::optional<DType> cache_dtype = std::nullopt;
-    uint32_t seed = 1;
-};
-
-// Keys [lo, hi] query position p of a sequence with kv_len keys may see (the CPU's rule).
-std::pair<int64_t, int64_t> visible_keys(int64_t p, int64_t kv_len, int window, bool causal) {
-    int64_t lo = 0, hi = kv_len - 1;
-    if (causal) hi = std::min(hi, p);
-    if (window > 0) {
-        lo = std::max<int64_t>(0, p - window + 1);
-        if (!causal) hi = std::min<int64_t>(hi, p + window - 1);
-    }
-    return {lo, hi};
-}
-
-std::string range_text(const std::vector<int>& v) {
-    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
-    return *lo == *hi ? std::to_string(*lo) : fmt::format("{}..{}", *lo, *hi);
-}
-
-OpCase attention_case(const AttentionSpec& s) {
-    const int T = std::accumulate(s.q_lens.begin(), s.q_lens.end(), 0);
-    std::string mode = s.causal ? "causal" : "non-causal";
-    mode += s.window ? fmt::format(", window={}", s.window) : std::string(s.causal ? ", full" : "");
-    if (s.sinks) mode += ", sinks";
-    const CacheGeometry geometry{.page_size = s.page_size, .n_kv = s.n_kv, .dk = s.dk, .dv = s.dv,
-                                 .pool_layers = s.pool_layers, .layer = s.layer, .pad = s.pad, .dtype = s.cache_dtype};
-    std::string description =
-        fmt::format("attention({}: seqs={}, T={}, q={}, kv={}, heads={}/{} (GQA {}), d={}/{}, {}, {})", s.label,
-                    s.q_lens.size(), T, range_text(s.q_lens), range_text(s.kv_lens), s.n_q, s.n_kv, s.n_q / s.n_kv,
-                    s.dk, s.dv, mode, geometry.describe());
-    return make_case(XINFER_OP_ATTENTION, std::move(description), kAttention, [s, T] {
-        std::mt19937 rng(s.seed);
-        const int64_t n_seqs = int64_t(s.q_lens.size()), ps = s.page_size;
-        CaseData d = start(XINFER_OP_ATTENTION);
-        xinfer_attention_params& p = d.op.params.attention;
-        p.n_q_heads = s.n_q;
-        p.n_kv_heads = s.n_kv;
-        p.head_dim_k = s.dk;
-        p.head_dim_v = s.dv;
-        p.softmax_scale = 1.f / std::sqrt(float(s.dk));
-        p.window = s.window;
-        p.causal = s.causal ? 1 : 0;
-        p.k_scale = p.v_scale = 1.f;
-
-        // Metadata: queries of sequence i are positions kv_len - q_len .. kv_len - 1.
-        std::vector<int32_t> cu_q_lens{0}, positions;
-        int64_t max_pages = 0;
-        for (int64_t i = 0; i < n_seqs; ++i) {
-            cu_q_lens.push_back(cu_q_lens.back() + s.q_lens[size_t(i)]);
-            for (int q = 0; q < s.q_lens[size_t(i)]; ++q) positions.push_back(s.kv_lens[size_t(i)] - s.q_lens[size_t(i)] + q);
-            max_pages = std::max<int64_t>(max_pages, (s.kv_lens[size_t(i)] + ps - 1) / ps);
-        }
-        max_pages += 1;  // trailing -1 entries, as in a table sized for longer sequences
-
-        // Resident logical pages: all that hold keys, except (with a window) pages wholly before
-        // every query's window, which a sliding manager has released (-1 in the table).
-        std::vector<std::pair<int64_t, int64_t>> resident;  // (sequence, logical page)
-        for (int64_t i = 0; i < n_seqs; ++i) {
-            int64_t first_needed = s.kv_lens[size_t(i)];
-            for (int32_t t = cu_q_lens[size_t(i)]; t < cu_q_lens[size_t(i) + 1]; ++t)
-                first_needed = std::min(first_needed,
-                                        visible_keys(positions[size_t(t)], s.kv_lens[size_t(i)], s.window, s.causal).first);
-            for (int64_t page = 0; page * ps < s.kv_lens[size_t(i)]; ++page)
-                if (s.window == 0 || (page + 1) * ps > first_needed) resident.emplace_back(i, page);
-        }
-        // A shuffled pool with a few free pages nobody references.
-        const CacheGeometry g{.n_pages = int64_t(resident.size()) + 3, .page_size = ps, .n_kv = s.n_kv, .dk = s.dk,
-                              .dv = s.dv, .pool_layers = s.pool_layers, .layer = s.layer, .pad = s.pad,
-                              .dtype = s.cache_dtype};
-        std::vector<int32_t> physical(static_cast<size_t>(g.n_pages));
-        std::iota(physical.begin(), physical.end(), 0);
-        std::shuffle(physical.begin(), physical.end(), rng);
-        std::vector<int32_t> page_table(size_t(n_seqs * max_pages), -1);
-        for (size_t r = 0; r < resident.size(); ++r)
-            page_table[size_t(resident[r].first * max_pages + resident[r].second)] = physical[r];
-
-        d.tensors.push_back(act_input("q", src(0), {T, s.n_q, s.dk}, rng, -4.f, 4.f));
-        // Every cache element starts as NaN: other layers of the pool, free pages and slots past
-        // kv_len must never reach the output. Only keys that exist get values.
-        const auto [k_index, v_index] = add_caches(d, g, 1, Access::input, kNaN);
-        if (!g.fp8() && (d.tensors[k_index].values.empty() || d.tensors[v_index].values.empty())) {
-            // perf shapes: the caches are filled on the device
-        } else {
-            std::vector<float>& k_values = d.tensors[k_index].values;
-            std::vector<float>& v_values = d.tensors[v_index].values;
-            std::uniform_real_distribution<float> value(-1.f, 1.f);
-            for (size_t r = 0; g.fp8() && r < resident.size(); ++r) {
-                // fp8: each (slot, head) row quantized with its own scale; magnitudes vary by
-                // row (2^-3..2^3) so the scales matter.
-                std::uniform_real_distribution<float> exponent(-3.f, 3.f);
-                std::vector<float> row(size_t(std::max(s.dk, s.dv)));
-                std::vector<uint8_t>& k_raw = d.tensors[k_index].raw;
-                std::vector<uint8_t>& v_raw = d.tensors[v_index].raw;
-                const auto [seq, page] = resident[r];
-                for (int64_t slot = 0; slot < ps && page * ps + slot < s.kv_lens[size_t(seq)]; ++slot)
-                    for (int64_t h = 0; h < s.n_kv; ++h) {
-                        const float k_factor = std::exp2(exponent(rng)), v_factor = std::exp2(exponent(rng));
-                        for (int64_t i = 0; i < s.dk; ++i) row[size_t(i)] = value(rng) * k_factor;
-                        put_fp8_row(k_raw, g.k_index(physical[r], slot, h, 0), g.k_scale_byte(physical[r], slot, h),
-                                    row.data(), s.dk);
-                        for (int64_t i = 0; i < s.dv; ++i) row[size_t(i)] = value(rng) * v_factor;
-                        put_fp8_row(v_raw, g.v_index(physical[r], slot, h, 0), g.v_scale_byte(physical[r], slot, h),
-                                    row.data(), s.dv);
-                    }
-            }
-            for (size_t r = 0; !g.fp8() && r < resident.size(); ++r) {
-                const auto [seq, page] = resident[r];
-                for (int64_t slot = 0; slot < ps && page * ps + slot < s.kv_lens[size_t(seq)]; ++slot)
-                    for (int64_t h = 0; h < s.n_kv; ++h) {
-                        for (int64_t i = 0; i < s.dk; ++i) k_values[size_t(g.k_index(physical[r], slot, h, i))] = value(rng);
-                        for (int64_t i = 0; i < s.dv; ++i) v_values[size_t(g.v_index(physical[r], slot, h, i))] = value(rng);
-                    }
-            }
-        }
-        if (s.sinks) d.tensors.push_back(fixed_input("sinks", src(3), DType::f32, {s.n_q}, rng, -1.f, 3.f));
-        d.tensors.push_back(act_output("out", dst(0), {T, s.n_q, s.dv}));
-
-        d.op.batch.n_seqs = int32_t(n_seqs);
-        d.op.batch.max_pages_per_seq = int32_t(max_pages);
-        d.op.batch.page_size = int32_t(ps);
-        d.tensors.push_back(i32_input("cu_q_lens", {Slot::cu_q_lens}, {n_seqs + 1}, cu_q_lens));
-        d.tensors.push_back(i32_input("kv_lens", {Slot::kv_lens}, {n_seqs}, std::vector<int32_t>(s.kv_lens.begin(), s.kv_lens.end())));
-        d.tensors.push_back(i32_input("positions", {Slot::positions}, {T}, positions));
-        d.tensors.push_back(i32_input("page_table", {Slot::page_table}, {n_seqs, max_pages}, page_table));
-        return d;
-    });
 }
 
 // ---- running -------------------------------------------------------------------------------------------
