@@ -49,11 +49,14 @@ int cuda_fail(Context* c, cudaError_t err, const char* what) {
     return err == cudaErrorMemoryAllocation ? XINFER_OUT_OF_MEMORY : XINFER_ERROR;
 }
 
+bool env_flag(const char* name, bool fallback) {
+    const char* v = std::getenv(name);
+    if (!v || !v[0]) return fallback;
+    return !(v[0] == '0' && v[1] == 0);
+}
+
 bool pdl_enabled() {
-    static const bool enabled = [] {
-        const char* v = std::getenv("XINFER_CUDA_PDL");
-        return !(v && std::strcmp(v, "0") == 0);
-    }();
+    static const bool enabled = env_flag("XINFER_CUDA_PDL", true);
     return enabled;
 }
 

@@ -86,6 +86,10 @@ int cuda_fail(Context* c, cudaError_t err, const char* what);
 // edges. XINFER_CUDA_PDL=0 launches plainly.
 bool pdl_enabled();
 
+// A switch from the environment: unset or empty → fallback; "0" → false; anything else → true.
+// (The XINFER_CUDA_* switches that restore older kernel paths; plugins/cuda/README.md lists them.)
+bool env_flag(const char* name, bool fallback);
+
 template <typename... Params, typename... Args>
 int launch_pdl(Context* c, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                Args... args) {

@@ -674,10 +674,7 @@ __global__ void widen_fp8_kernel(const uint8_t* w /*[N, K]*/, const float* scale
 // tiled kernel loses. XINFER_CUDA_FP8_WIDEN=0 keeps the tiled kernel.
 constexpr int64_t kFp8WidenMinRows = 512;
 bool fp8_widen_enabled() {
-    static const bool enabled = [] {
-        const char* v = std::getenv("XINFER_CUDA_FP8_WIDEN");
-        return !(v && v[0] == '0' && v[1] == 0);
-    }();
+    static const bool enabled = env_flag("XINFER_CUDA_FP8_WIDEN", true);
     return enabled;
 }
 

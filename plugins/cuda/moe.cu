@@ -330,10 +330,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32)
 }
 
 bool moe_stream_enabled() {
-    static const bool enabled = [] {
-        const char* v = std::getenv("XINFER_CUDA_MOE_STREAM");
-        return !(v && v[0] == '0' && v[1] == 0);
-    }();
+    static const bool enabled = env_flag("XINFER_CUDA_MOE_STREAM", true);
     return enabled;
 }
 
@@ -732,12 +729,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
     }
 }
 
-bool env_flag(const char* name, bool fallback) {
-    const char* v = std::getenv(name);
-    if (!v || !v[0]) return fallback;
-    return !(v[0] == '0' && v[1] == 0);
-}
-
 // XINFER_CUDA_MOE_GROUPED=0: the per-pair stream kernels above (bf16) / the GEMV (fp8) instead.
 bool moe_grouped_enabled() {
     static const bool enabled = env_flag("XINFER_CUDA_MOE_GROUPED", true);
@@ -831,10 +822,7 @@ int launch_grouped(Context* c, const GroupedArgs& a, bool gate_up_fp8, bool down
 constexpr int64_t kPerExpertGemmMinPairs = 2048;
 
 bool moe_per_expert_gemm_enabled() {
-    static const bool enabled = [] {
-        const char* v = std::getenv("XINFER_CUDA_MOE_PER_EXPERT_GEMM");
-        return !(v && v[0] == '0' && v[1] == 0);
-    }();
+    static const bool enabled = env_flag("XINFER_CUDA_MOE_PER_EXPERT_GEMM", true);
     return enabled;
 }
 
