@@ -443,7 +443,8 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         tap("attn_input", layer, normed);
 
         Tensor q, k, v;  // [n_tokens, n_q, dk], [n_tokens, n_kv, dk], [n_tokens, n_kv, dv]
-        if (n_tokens == 1 && w.qkv_proj.data) {
+        const bool one_qkv_row = n_tokens == 1 && w.qkv_proj.data;
+        if (one_qkv_row) {
             // One token: its q, k and v are consecutive slices of one [1, q + k + v] row.
             Tensor qkv = scratch.make(act, {1, w.qkv_proj.dim(0)});
             backend_.matmul(normed, w.qkv_proj, qkv);
@@ -465,9 +466,9 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
             backend_.rmsnorm(k.reshape({n_tokens * n_kv, dk}), w.k_norm, eps, k.reshape({n_tokens * n_kv, dk}));
         }
         const RopeParams rope{spec.rotary_dim, spec.rope_theta};
-        if (n_tokens == 1 && k.data == static_cast<char*>(q.data) + q.nbytes()) {
-            // One token's q and k are adjacent (its qkv row): one launch rotates both sets of heads.
-            backend_.rope(Tensor(q.data, act, {n_tokens, n_q + n_kv, dk}), batch.positions, rope);
+        if (one_qkv_row) {
+            // q and k are adjacent in the row: one launch rotates both sets of heads.
+            backend_.rope(Tensor(q.data, act, {1, n_q + n_kv, dk}), batch.positions, rope);
         } else {
             backend_.rope(q, batch.positions, rope);
             backend_.rope(k, batch.positions, rope);
