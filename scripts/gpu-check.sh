@@ -100,6 +100,13 @@ if [ $engine = 1 ]; then
             [ "$rc" = 0 ] || status=1
             note "xinfer ops-test --backend cuda --op attention, flash kernel (XINFER_CUDA_DECODE_ATTENTION=0): rc $rc"
             grep -iE 'fail|passed' "$OUT/ops-test-flash-attention.log" | tail -5 >>"$summary"
+            # The grouped expert kernels' unpipelined rounds (still the path with more token tiles).
+            XINFER_CUDA_MOE_PIPELINE=0 build/bin/xinfer ops-test --backend cuda --op moe_experts \
+                >"$OUT/ops-test-moe-unpipelined.log" 2>&1
+            rc=$?
+            [ "$rc" = 0 ] || status=1
+            note "xinfer ops-test --backend cuda --op moe_experts, unpipelined (XINFER_CUDA_MOE_PIPELINE=0): rc $rc"
+            grep -iE 'fail|passed' "$OUT/ops-test-moe-unpipelined.log" | tail -5 >>"$summary"
         fi
     else
         note "SKIP  xinfer ops-test --backend cuda (not in tools/ yet)"

@@ -425,9 +425,14 @@ __device__ int moe_block_plan(const int32_t* ids, int P, int E, int* cnt /*[E]*/
 // Shared memory of the plan, in ints (the down kernel adds its [P, 16] f32 partials after it).
 __host__ __device__ inline int64_t moe_plan_ints(int64_t P, int64_t E) { return 2 * E + P + (P < E ? P : E); }
 
+// Each lane's 16 bytes are a quarter of a 64-byte run of one weight row (8 rows per warp load), so
+// the load asks L2 for the whole 128-byte line: the next load of the lane's quad finds the other
+// half there. H200, 8 experts' 134 MB read in this pattern (cuda-stream-patterns, plugins/cuda/dev):
+// 3.5 TB/s without the hint, 4.0 with it, as fast as whole 512-byte row segments (.L2::256B gained
+// the same, .L2::64B nothing); the whole MoE op at T = 8 over 8 experts 131 -> 122 µs.
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
@@ -502,11 +507,37 @@ __device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat
     }
 }
 
+// Streams the rounds at kb = begin, begin + step, ... < end: load_round(w, kb) issues a round's
+// weight loads into registers, use_round(w, kb) consumes them. kPipe: the next round's loads are
+// issued before the current round is used (two register sets of half the size), so a warp always
+// has loads in flight; without it a warp alternates between waiting for a whole round and computing.
+template <bool kPipe, typename Round, typename Load, typename Use>
+__device__ __forceinline__ void stream_rounds(int64_t begin, int64_t end, int64_t step, const Load& load_round,
+                                              const Use& use_round) {
+    if constexpr (kPipe) {
+        Round a, b;
+        if (begin < end) load_round(a, begin);
+        for (int64_t kb = begin; kb < end; kb += 2 * step) {
+            if (kb + step < end) load_round(b, kb + step);
+            use_round(a, kb);
+            if (kb + step >= end) break;
+            if (kb + 2 * step < end) load_round(a, kb + 2 * step);
+            use_round(b, kb + step);
+        }
+    } else {
+        for (int64_t kb = begin; kb < end; kb += step) {
+            Round a;
+            load_round(a, kb);
+            use_round(a, kb);
+        }
+    }
+}
+
 // Programmatic dependent launch (launch_pdl): gate_up waits for the router before it reads the
 // ids and lets the down kernel launch at once; down builds its plan from the ids (complete: the
 // router finished before gate_up passed its wait) and waits for gate_up's grid before reading h.
 
-template <bool kFp8, int kNT, int kU>
+template <bool kFp8, int kNT, int kU, bool kPipe>
 __global__ void __launch_bounds__(kGateWarps * 32, 2)
     moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
                                const void* gate_up /*[E, 2I, H]*/, const float* scale /*[E, srows, scols] or null*/,
@@ -552,28 +583,33 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
 #pragma unroll
             for (int r = 0; r < 4; ++r) ag[nt][r] = au[nt][r] = 0.f;
 
-        for (int64_t kb = half * kStep; active && kb < H; kb += 2 * kStep) {
-            uint4 wg0[kU], wg1[kU], wu0[kU], wu1[kU];
+        // One round: kU chunks of the tile's 16 gate and 16 up rows (4 loads of 16 bytes each).
+        struct Round {
+            uint4 g0[kU], g1[kU], u0[kU], u1[kU];
+        };
+        const auto load_round = [&](Round& w, int64_t kb) {
 #pragma unroll
             for (int u = 0; u < kU; ++u) {
                 const int64_t col = kb + u * kChunk + c * kLaneCols;
                 if (col < H) {
-                    wg0[u] = load_stream16(gate0 + col * kBytes);
-                    wg1[u] = load_stream16(gate1 + col * kBytes);
-                    wu0[u] = load_stream16(up0 + col * kBytes);
-                    wu1[u] = load_stream16(up1 + col * kBytes);
+                    w.g0[u] = load_stream16(gate0 + col * kBytes);
+                    w.g1[u] = load_stream16(gate1 + col * kBytes);
+                    w.u0[u] = load_stream16(up0 + col * kBytes);
+                    w.u1[u] = load_stream16(up1 + col * kBytes);
                 } else {
-                    wg0[u] = wg1[u] = wu0[u] = wu1[u] = make_uint4(0, 0, 0, 0);
+                    w.g0[u] = w.g1[u] = w.u0[u] = w.u1[u] = make_uint4(0, 0, 0, 0);
                 }
             }
+        };
+        const auto use_round = [&](const Round& w, int64_t kb) {
 #pragma unroll
             for (int u = 0; u < kU; ++u) {
                 const int64_t chunk = kb + u * kChunk;
                 if (chunk >= H) break;  // warp-uniform
                 const int64_t col = chunk + c * kLaneCols;
                 AFrag<kFp8> fg, fu;
-                fg.set(wg0[u], wg1[u]);
-                fu.set(wu0[u], wu1[u]);
+                fg.set(w.g0[u], w.g1[u]);
+                fu.set(w.u0[u], w.u1[u]);
                 float sg = 1.f, su = 1.f;
                 if constexpr (kFp8) {
                     sg = __ldg(scale_g + chunk / block_cols);
@@ -599,7 +635,8 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                     }
                 }
             }
-        }
+        };
+        if (active) stream_rounds<kPipe, Round>(half * kStep, H, 2 * kStep, load_round, use_round);
         if (half == 1) {
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt)
@@ -630,7 +667,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     }
 }
 
-template <bool kFp8, int kNT, int kU>
+template <bool kFp8, int kNT, int kU, bool kPipe>
 __global__ void __launch_bounds__(kDownWarps * 32, 2)
     moe_grouped_down_kernel(const __nv_bfloat16* h /*[P, I]*/, const int32_t* ids /*[T, top_k]*/,
                             const float* weights /*[T, top_k]*/, int T, int top_k, int E,
@@ -665,25 +702,29 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
             for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
                 for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
-            for (int64_t kb = 0; kb < I; kb += int64_t(kChunk) * kU) {
-                uint4 a0[kU], a1[kU];
+            struct Round {  // kU chunks of the tile's rows g and g + 8
+                uint4 r0[kU], r1[kU];
+            };
+            const auto load_round = [&](Round& w, int64_t kb) {
 #pragma unroll
                 for (int u = 0; u < kU; ++u) {
                     const int64_t col = kb + u * kChunk + c * kLaneCols;
                     if (col < I) {
-                        a0[u] = load_stream16(w0 + col * kBytes);
-                        a1[u] = load_stream16(w1 + col * kBytes);
+                        w.r0[u] = load_stream16(w0 + col * kBytes);
+                        w.r1[u] = load_stream16(w1 + col * kBytes);
                     } else {
-                        a0[u] = a1[u] = make_uint4(0, 0, 0, 0);
+                        w.r0[u] = w.r1[u] = make_uint4(0, 0, 0, 0);
                     }
                 }
+            };
+            const auto use_round = [&](const Round& w, int64_t kb) {
 #pragma unroll
                 for (int u = 0; u < kU; ++u) {
                     const int64_t chunk = kb + u * kChunk;
                     if (chunk >= I) break;  // warp-uniform
                     const int64_t col = chunk + c * kLaneCols;
                     AFrag<kFp8> f;
-                    f.set(a0[u], a1[u]);
+                    f.set(w.r0[u], w.r1[u]);
                     float s = 1.f;
                     if constexpr (kFp8) s = __ldg(scale_row + chunk / block_cols);
 #pragma unroll
@@ -701,7 +742,8 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                         }
                     }
                 }
-            }
+            };
+            stream_rounds<kPipe, Round>(0, I, int64_t(kChunk) * kU, load_round, use_round);
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -747,6 +789,18 @@ int64_t moe_grouped_pairs_per_expert() {
     return value;
 }
 
+// With at most 8 pairs per expert (one token tile: batch-1 decode and verification), the grouped
+// kernels keep the next round of weight loads in flight while they use the current one
+// (stream_rounds). H200, ops-test --perf, same run: 8 tokens over 8 experts 122.4 -> 113.8 µs
+// (bf16) and 83.3 -> 74.3 µs (fp8), one token fp8 76.3 -> 72.1 µs; DFlash verify step 13.53 ->
+// 12.88 ms; FP8 batch-1 decode 108.9 -> 112.1 tokens/s. With more token tiles it lost (64 tokens
+// over 32 experts, bf16: 589 -> 623 µs), so those keep whole rounds.
+// XINFER_CUDA_MOE_PIPELINE=0 turns it off.
+bool moe_pipeline_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_MOE_PIPELINE", true);
+    return enabled;
+}
+
 struct GroupedArgs {
     const __nv_bfloat16* x;
     const int32_t* ids;
@@ -768,7 +822,12 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     const int P = a.T * a.top_k;
     const size_t smem = size_t(moe_plan_ints(P, a.E)) * 4;
     const dim3 grid(unsigned(ceil_div(a.I, 16 * kGateTiles)), unsigned(std::min(P, a.E)));
-    return launch_pdl(c, "moe_grouped_gate_up_kernel", moe_grouped_gate_up_kernel<kFp8, kNT, kU>, grid,
+    auto kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kU, false>;
+    // Pipelined (see moe_pipeline_enabled): two register sets of half the loads; fp8's widening
+    // needs registers of its own, so it keeps one chunk per round.
+    if constexpr (kNT == 1)
+        if (moe_pipeline_enabled()) kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kFp8 ? 1 : kU / 2, true>;
+    return launch_pdl(c, "moe_grouped_gate_up_kernel", kernel, grid,
                       dim3(kGateWarps * 32), smem, a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale,
                       a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h);
 }
@@ -778,7 +837,10 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
     constexpr int kU = kNT == 1 ? 8 : kNT == 2 ? 4 : 2;
     const int P = a.T * a.top_k;
     const size_t smem = size_t(moe_plan_ints(P, a.E)) * 4 + size_t(P) * 16 * 4;
-    return launch_pdl(c, "moe_grouped_down_kernel", moe_grouped_down_kernel<kFp8, kNT, kU>,
+    auto kernel = moe_grouped_down_kernel<kFp8, kNT, kU, false>;
+    if constexpr (kNT == 1)
+        if (moe_pipeline_enabled()) kernel = moe_grouped_down_kernel<kFp8, kNT, kU / (kFp8 ? 4 : 2), true>;
+    return launch_pdl(c, "moe_grouped_down_kernel", kernel,
                       dim3(unsigned(ceil_div(a.H, 16))), dim3(kDownWarps * 32), smem,
                       static_cast<const __nv_bfloat16*>(a.h), a.ids, a.weights, a.T, a.top_k, a.E, a.down,
                       a.down_scale, a.dn_scale_rows, a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.out,

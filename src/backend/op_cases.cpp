@@ -599,9 +599,11 @@ std::vector<OpCase> correctness_cases() {
         cases.push_back(embedding_case(V, H, T, dtype, ++seed));
 
     for (auto [rows, n, dtype] : {std::tuple{1, 4096, bf16}, std::tuple{7, 259, f32}, std::tuple{33, 1000, bf16},
-                                  std::tuple{512, 64, f32}, std::tuple{5, 4095, f16}})
+                                  std::tuple{512, 64, f32}, std::tuple{5, 4095, f16}, std::tuple{3, 5000, bf16}})
         cases.push_back(rmsnorm_case(rows, n, dtype, 1e-6f, ++seed));
-    for (auto [rows, n, dtype] : {std::tuple{1, 4096, bf16}, std::tuple{7, 259, f32}, std::tuple{33, 1000, bf16}})
+    // (rows wider than 4096 take more than one pass of a block's threads on cuda)
+    for (auto [rows, n, dtype] : {std::tuple{1, 4096, bf16}, std::tuple{7, 259, f32}, std::tuple{33, 1000, bf16},
+                                  std::tuple{2, 8200, bf16}})
         cases.push_back(add_rmsnorm_case(rows, n, dtype, ++seed));
 
     // RoPE: full and partial rotary, MiMo's theta and head dims, positions up to 256K.
@@ -626,6 +628,11 @@ std::vector<OpCase> correctness_cases() {
             for (DType w : {bf16, f32}) cases.push_back(matmul_case(T, N, K, w, ++seed));
     cases.push_back(matmul_case(1, 2049, 4096, bf16, ++seed));
     cases.push_back(matmul_case(17, 256, 512, f16, ++seed));
+    // Few-row batches (verification, drafter blocks, small serving batches) of 2 to 16 rows, with
+    // N and K off the usual tile multiples.
+    cases.push_back(matmul_case(2, 300, 776, bf16, ++seed));
+    cases.push_back(matmul_case(12, 1000, 1032, bf16, ++seed));
+    cases.push_back(matmul_case(16, 40, 4096, bf16, ++seed));
 
     // Router: MiMo (sigmoid + bias, 256 experts, top 8), DeepSeek groups, softmax, ties.
     cases.push_back(moe_route_case({7, 256, true, true, 1, 1, 8, true, 2.5f, false, ++seed}));
