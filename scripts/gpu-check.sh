@@ -30,6 +30,17 @@ for arg in "$@"; do
 done
 status=0
 note() { echo "$*" | tee -a "$summary"; }
+# Another ops-test pass with one environment setting (a switch that keeps an older kernel path
+# reachable, or opt-in cases): ops_test_with VAR=VALUE LOG WHAT [ops-test arguments...]
+ops_test_with() {
+    local setting=$1 log=$2 what=$3
+    shift 3
+    env "$setting" build/bin/xinfer ops-test --backend cuda "$@" >"$OUT/$log" 2>&1
+    local rc=$?
+    [ "$rc" = 0 ] || status=1
+    note "xinfer ops-test --backend cuda $*, $what ($setting): rc $rc: $(grep -E 'passed' "$OUT/$log" | tail -1)"
+    grep -E '^FAIL' "$OUT/$log" | head -20 >>"$summary"
+}
 export PATH=/usr/local/cuda/bin:$PATH
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
@@ -87,26 +98,14 @@ if [ $engine = 1 ]; then
             grep -iE 'fail|pass.*total|summary' "$OUT/ops-test.log" | tail -20 >>"$summary"
             # Prefill-sized FP8 dense matmuls (widened to bf16, then cuBLASLt) against the CPU reference
             # on dequantized weights; opt-in cases, since the CPU backend runs no FP8 MATMUL.
-            XINFER_OPS_TEST_DECODE_MATMULS=1 build/bin/xinfer ops-test --backend cuda --op matmul \
-                --filter '^matmul\(T=(520|600),' >"$OUT/ops-test-fp8-matmul.log" 2>&1
-            rc=$?
-            [ "$rc" = 0 ] || status=1
-            note "xinfer ops-test --backend cuda --op matmul, fp8 cases: rc $rc: $(grep -E 'passed' "$OUT/ops-test-fp8-matmul.log" | tail -1)"
+            ops_test_with XINFER_OPS_TEST_DECODE_MATMULS=1 ops-test-fp8-matmul.log "fp8 cases" \
+                --op matmul --filter '^matmul\(T=(520|600),'
             # The split-KV kernel runs nearly every attention; the flash kernel it replaced stays the
             # path for FP8 caches and wide heads, so it is checked on the whole attention grid too.
-            XINFER_CUDA_DECODE_ATTENTION=0 build/bin/xinfer ops-test --backend cuda --op attention \
-                >"$OUT/ops-test-flash-attention.log" 2>&1
-            rc=$?
-            [ "$rc" = 0 ] || status=1
-            note "xinfer ops-test --backend cuda --op attention, flash kernel (XINFER_CUDA_DECODE_ATTENTION=0): rc $rc"
-            grep -iE 'fail|passed' "$OUT/ops-test-flash-attention.log" | tail -5 >>"$summary"
-            # The grouped expert kernels' unpipelined rounds (still the path with more token tiles).
-            XINFER_CUDA_MOE_PIPELINE=0 build/bin/xinfer ops-test --backend cuda --op moe_experts \
-                >"$OUT/ops-test-moe-unpipelined.log" 2>&1
-            rc=$?
-            [ "$rc" = 0 ] || status=1
-            note "xinfer ops-test --backend cuda --op moe_experts, unpipelined (XINFER_CUDA_MOE_PIPELINE=0): rc $rc"
-            grep -iE 'fail|passed' "$OUT/ops-test-moe-unpipelined.log" | tail -5 >>"$summary"
+            ops_test_with XINFER_CUDA_DECODE_ATTENTION=0 ops-test-flash-attention.log "flash kernel" --op attention
+            # The grouped expert kernels' whole rounds (still the path with more than one token tile).
+            ops_test_with XINFER_CUDA_MOE_PIPELINE=0 ops-test-moe-unpipelined.log "unpipelined rounds" \
+                --op moe_experts
         fi
     else
         note "SKIP  xinfer ops-test --backend cuda (not in tools/ yet)"
