@@ -4,10 +4,12 @@
 #include "runtime/profiler.h"
 #include "spec/drafter.h"
 #include "core/status.h"
+#include "tokenizer/detokenizer.h"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 
 namespace xinfer::cli {
@@ -23,7 +25,9 @@ void add_generate_command(CLI::App& app) {
         std::string kv_cache_dtype = "auto";
     };
     auto options = std::make_shared<Options>();
-    CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a prompt; prints {\"ids\": [...]} as one JSON line");
+    CLI::App* cmd = app.add_subcommand(
+        "generate", "Generate tokens from a prompt; prints {\"ids\": [...], \"finish_reason\": ...} as one JSON line "
+                    "(with \"text\" when the model directory has a tokenizer.json)");
     options->model.add_to(*cmd);
     cmd->add_option("--prompt-ids", options->prompt_ids, "Prompt token ids, comma-separated")->required();
     cmd->add_option("--max-tokens", options->generate.max_tokens, "Tokens to generate")->default_val(16);
@@ -31,6 +35,8 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--top-p", options->generate.sampling.top_p)->default_val(1.0);
     cmd->add_option("--top-k", options->generate.sampling.top_k, "0 = off")->default_val(0);
     cmd->add_option("--seed", options->generate.sampling.seed)->default_val(0);
+    cmd->add_option("--stop", options->generate.sampling.stop,
+                    "Stop string (repeatable): generation ends once the text contains it; needs tokenizer.json");
     cmd->add_option("--prefill-chunk", options->generate.prefill_chunk, "Max prompt tokens per step (0 = all)")
         ->default_val(0);
     cmd->add_option("--kv-cache-dtype", options->kv_cache_dtype,
@@ -43,6 +49,13 @@ void add_generate_command(CLI::App& app) {
                     R"(Write one JSON line per speculative step, {"proposed":[...],"accepted":n}, to this file)");
     cmd->callback([options] {
         const std::vector<int32_t> prompt = parse_ids(options->prompt_ids);
+        // Read before the weights, so a missing or broken tokenizer fails at once.
+        std::unique_ptr<Detokenizer> detokenizer;
+        const std::filesystem::path tokenizer = std::filesystem::path(options->model.model_dir) / "tokenizer.json";
+        if (std::filesystem::exists(tokenizer)) detokenizer = std::make_unique<Detokenizer>(Detokenizer::load(tokenizer));
+        if (!options->generate.sampling.stop.empty() && !detokenizer)
+            fail("--stop needs the model's tokenizer: {} does not exist", tokenizer.string());
+        options->generate.detokenizer = detokenizer.get();
         LoadedModel loaded = load(options->model);
         RunnerOptions runner_options;
         runner_options.enforce_eager = options->model.enforce_eager;
@@ -74,6 +87,8 @@ void add_generate_command(CLI::App& app) {
         }
         nlohmann::json line;
         line["ids"] = result.tokens[0];
+        if (detokenizer) line["text"] = result.texts[0];
+        line["finish_reason"] = result.finish_reasons[0];
         line["usage"] = {{"prompt_tokens", prompt.size()}, {"completion_tokens", result.tokens[0].size()}};
         if (drafter) {
             const SpecCounters& spec = result.spec;

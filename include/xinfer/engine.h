@@ -69,6 +69,9 @@ struct RequestOutput {
     std::vector<int32_t> new_tokens;
     bool finished = false;
     std::string finish_reason;  // "stop", "length", "abort" when finished
+    // When finished, with a tokenizer: the generated text (special tokens left out, cut before a
+    // stop string, invalid UTF-8 replaced by U+FFFD). Empty otherwise.
+    std::string text;
     int64_t prompt_tokens = 0;
     int64_t cached_prompt_tokens = 0;  // prompt tokens served by the prefix cache at first admission
     int64_t generated_tokens = 0;      // so far
@@ -110,7 +113,8 @@ public:
     ~Engine();
 
     // Queues a request; returns its id (> 0). Throws for an empty prompt, or one that leaves no
-    // room for a generated token within max_model_len. stop_ids end generation after emitting one.
+    // room for a generated token within max_model_len, and for stop strings (sampling.stop) when
+    // the model has no tokenizer. stop_ids end generation after emitting one.
     uint64_t submit(std::vector<int32_t> prompt, const SamplingParams& sampling, int max_tokens,
                     std::vector<int32_t> stop_ids = {}, StreamCallback callback = {});
     // Ends a request wherever it is and frees all its KV pages at once. False if unknown/finished.
@@ -122,6 +126,8 @@ public:
     EngineStats stats() const;
     // The memory plan the engine started from (`xinfer plan`'s text).
     const std::string& plan_report() const;
+    // Whether the model came with a tokenizer.json: stop strings and RequestOutput::text need it.
+    bool has_tokenizer() const;
 
     // Op-level profile (src/runtime/profiler.h) of every step from start_profile() to
     // stop_profile(), each step a region of the trace. Profiled steps run eagerly (a replayed

@@ -51,6 +51,7 @@ RequestOutput output_of(const Request& r, std::chrono::steady_clock::time_point 
     out.spec = r.spec;
     if (r.n_generated() > 0) out.time_to_first_token_s = seconds_between(r.arrival, r.first_token);
     out.elapsed_s = seconds_between(r.arrival, now);
+    if (out.finished && r.detokenizer) out.text = to_valid_utf8(r.text);
     return out;
 }
 
@@ -112,8 +113,11 @@ void Engine::Impl::drain_inbox() {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-std::unique_ptr<Engine> make_engine(Runner& runner, SchedulerOptions options, Drafter* drafter) {
-    return std::make_unique<Engine>(std::make_unique<Engine::Impl>(runner, options, drafter));
+std::unique_ptr<Engine> make_engine(Runner& runner, SchedulerOptions options, Drafter* drafter,
+                                    const Detokenizer* detokenizer) {
+    auto impl = std::make_unique<Engine::Impl>(runner, options, drafter);
+    impl->detokenizer = detokenizer;
+    return std::make_unique<Engine>(std::move(impl));
 }
 
 std::vector<std::vector<int32_t>> Engine::Impl::propose(const std::vector<ScheduledChunk>& plan) {
@@ -163,10 +167,16 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const SamplingParams& sampl
     const int64_t vocab = impl_->runner->model().config().vocab_size;
     for (int32_t token : prompt)
         if (token < 0 || token >= vocab) fail("submit: token id {} outside the vocabulary [0, {})", token, vocab);
+    if (!sampling.stop.empty() && !impl_->detokenizer)
+        fail("submit: stop strings need the model's tokenizer (tokenizer.json next to config.json), and none was "
+             "loaded");
+    for (const std::string& s : sampling.stop)
+        if (s.empty()) fail("submit: empty stop string");
     const uint64_t id = impl_->next_id.fetch_add(1);
     XINFER_CHECK(id < (uint64_t(1) << 31), "request ids exhausted");
     auto request = std::make_unique<Request>(id, std::move(prompt), sampling, max_tokens);
     request->stop_ids = std::move(stop_ids);
+    request->detokenizer = impl_->detokenizer;
     request->callback = std::move(callback);
     std::lock_guard<std::mutex> lock(impl_->inbox_mutex);
     impl_->inbox.push_back(std::move(request));
@@ -337,6 +347,8 @@ void Engine::set_expert_census(bool on) {
 }
 
 const std::string& Engine::plan_report() const { return impl_->plan_report; }
+
+bool Engine::has_tokenizer() const { return impl_->detokenizer != nullptr; }
 
 void Engine::start_profile() {
     std::lock_guard<std::mutex> lock(impl_->mutex);

@@ -6,6 +6,8 @@
 
 #include <fmt/core.h>
 
+#include <filesystem>
+
 namespace xinfer {
 namespace {
 
@@ -36,6 +38,10 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     if (!dummy && options.load_format != "safetensors")
         fail("load format \"{}\": expected safetensors or dummy", options.load_format);
     auto checkpoint = Checkpoint::open(options.model_dir, /*load_weights=*/!dummy);
+    // The tokenizer is read before the weights, so a broken one fails in seconds, not after a load.
+    std::unique_ptr<Detokenizer> detokenizer;
+    const std::filesystem::path tokenizer = std::filesystem::path(options.model_dir) / "tokenizer.json";
+    if (std::filesystem::exists(tokenizer)) detokenizer = std::make_unique<Detokenizer>(Detokenizer::load(tokenizer));
     const ModelConfig config = read_model_config(*checkpoint);
     const bool host = backend->props().host_memory != 0;
 
@@ -105,6 +111,8 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     impl->owned_runner = std::move(runner);
     impl->owned_drafter = std::move(drafter);
     impl->plan_report = plan.report();
+    impl->owned_detokenizer = std::move(detokenizer);
+    impl->detokenizer = impl->owned_detokenizer.get();
     return std::make_unique<Engine>(std::move(impl));
 }
 

@@ -6,6 +6,7 @@
 #include "runtime/runner.h"
 #include "runtime/scheduler.h"
 #include "spec/drafter.h"
+#include "tokenizer/detokenizer.h"
 #include "xinfer/engine.h"
 
 #include <atomic>
@@ -22,6 +23,9 @@ struct Engine::Impl {
     std::unique_ptr<Model> model;
     std::unique_ptr<Runner> owned_runner;
     std::unique_ptr<Drafter> owned_drafter;
+
+    std::unique_ptr<Detokenizer> owned_detokenizer;
+    const Detokenizer* detokenizer = nullptr;  // the model's tokenizer.json, when it has one
 
     Runner* runner = nullptr;
     Drafter* drafter = nullptr;  // speculative decoding when set
@@ -51,7 +55,9 @@ struct Engine::Impl {
 
 // An engine over a Runner the caller owns (it must outlive the engine). max_model_len 0: the
 // longest sequence the runner's pool holds alone; larger than that is an error. With a drafter
-// (caller-owned too) decodes speculate: the runner must export drafter->feature_layers().
-std::unique_ptr<Engine> make_engine(Runner& runner, SchedulerOptions options, Drafter* drafter = nullptr);
+// (caller-owned too) decodes speculate: the runner must export drafter->feature_layers(). With a
+// detokenizer (caller-owned), requests may carry stop strings and finish with their text.
+std::unique_ptr<Engine> make_engine(Runner& runner, SchedulerOptions options, Drafter* drafter = nullptr,
+                                    const Detokenizer* detokenizer = nullptr);
 
 }  // namespace xinfer

@@ -22,6 +22,8 @@ GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>&
     GenerateResult result;
     result.tokens.resize(n);
     result.spec_steps.resize(n);
+    result.finish_reasons.resize(n);
+    result.texts.resize(n);
     if (n == 0 || options.max_tokens <= 0) return result;
     // One engine over the caller's runner: every prompt is admitted at once (max_num_seqs = n);
     // prefill_chunk bounds the tokens of a step (0: all prompts in one step).
@@ -33,7 +35,7 @@ GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>&
     const int64_t chains = int64_t(n) * (1 + (options.drafter ? options.drafter->num_speculative_tokens() : 0));
     scheduler.max_num_batched_tokens =
         options.prefill_chunk > 0 ? options.prefill_chunk : std::max<int64_t>({all_prompts, chains, 1});
-    std::unique_ptr<Engine> engine = make_engine(runner, scheduler, options.drafter);
+    std::unique_ptr<Engine> engine = make_engine(runner, scheduler, options.drafter, options.detokenizer);
     std::vector<uint64_t> ids;
     for (size_t i = 0; i < n; ++i) {
         XINFER_CHECK(!prompts[i].empty(), "prompt {} is empty", i);
@@ -51,6 +53,10 @@ GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>&
             if (out.generated_tokens == int64_t(out.new_tokens.size())) ++first_tokens;
             result.tokens[i].insert(result.tokens[i].end(), out.new_tokens.begin(), out.new_tokens.end());
             if (out.accepted >= 0) result.spec_steps[i].push_back({out.proposed, out.accepted});
+            if (out.finished) {
+                result.finish_reasons[i] = out.finish_reason;
+                result.texts[i] = out.text;
+            }
         }
         if (decoding) ++result.decode_steps;
         if (!decoding && first_tokens == n) {

@@ -7,9 +7,12 @@
 #include "xinfer/engine.h"
 #include "xinfer/sampling_params.h"
 
+#include <string>
 #include <vector>
 
 namespace xinfer {
+
+class Detokenizer;
 
 struct GenerateOptions {
     int max_tokens = 16;
@@ -17,6 +20,7 @@ struct GenerateOptions {
     int64_t prefill_chunk = 0;        // 0: each prompt in one piece; else at most this many tokens per step
     std::vector<int32_t> stop_ids;    // generation of a sequence ends after emitting one of these
     Drafter* drafter = nullptr;       // speculative decoding (the runner must export its feature_layers)
+    const Detokenizer* detokenizer = nullptr;  // for sampling.stop and GenerateResult::texts
 };
 
 // One verify step of one sequence: the drafts and how many the target accepted.
@@ -27,6 +31,8 @@ struct SpecStep {
 
 struct GenerateResult {
     std::vector<std::vector<int32_t>> tokens;  // generated ids per prompt
+    std::vector<std::string> finish_reasons;   // per prompt: "stop" or "length"
+    std::vector<std::string> texts;            // per prompt, with a detokenizer (RequestOutput::text)
     double prefill_seconds = 0;
     double decode_seconds = 0;
     int64_t decode_steps = 0;

@@ -2,12 +2,14 @@
 #pragma once
 
 #include "sample/sampler.h"
+#include "tokenizer/detokenizer.h"
 #include "xinfer/engine.h"
 #include "xinfer/sampling_params.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace xinfer {
@@ -26,6 +28,8 @@ struct Request {
     SamplingParams sampling;
     int max_tokens;
     std::vector<int32_t> stop_ids;
+    const Detokenizer* detokenizer = nullptr;  // the model's, when it has one
+    std::string text;  // generated text so far (bytes; special tokens left out), cut at a stop string
 
     int64_t computed = 0;         // tokens whose K/V are in the cache
     int64_t cached_prompt = 0;    // prompt tokens reused from the prefix cache at first admission
@@ -38,14 +42,32 @@ struct Request {
 
     std::chrono::steady_clock::time_point arrival, first_token, last_token;
 
-    // Appends a generated token and decides whether it ends the request: a stop id, max_tokens,
-    // or max_model_len (0: no limit). Returns false once the request is finished.
+    // Appends a generated token and decides whether it ends the request: a stop id, a stop
+    // string, max_tokens, or max_model_len (0: no limit). Returns false once the request is finished.
     bool append_generated(int32_t token, int64_t max_model_len) {
         tokens.push_back(token);
         if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) finish = FinishReason::stop;
+        else if (append_text(token)) finish = FinishReason::stop;
         else if (n_generated() >= max_tokens) finish = FinishReason::length;
         else if (max_model_len > 0 && n_tokens() >= max_model_len) finish = FinishReason::length;
         return !finished();
+    }
+
+    // Adds the token's text; true when that completes a stop string, and then `text` ends where
+    // the earliest stop string starts. Only matches that use the new bytes are looked for: earlier
+    // ones would have ended the request already.
+    bool append_text(int32_t token) {
+        if (!detokenizer) return false;
+        const size_t before = text.size();
+        text += detokenizer->token_bytes(token);
+        size_t cut = std::string::npos;
+        for (const std::string& s : sampling.stop) {
+            const size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+            cut = std::min(cut, text.find(s, from));
+        }
+        if (cut == std::string::npos) return false;
+        text.resize(cut);
+        return true;
     }
 
     int64_t n_tokens() const { return int64_t(tokens.size()); }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace xinfer {
@@ -164,9 +165,27 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
     else if (j.contains("suffix") && !j["suffix"].is_null()) error = "'suffix' is not supported";
     else if (j.contains("logit_bias") && !j["logit_bias"].is_null() && !j["logit_bias"].empty())
         error = "'logit_bias' is not supported";
-    else if (j.contains("stop") && !j["stop"].is_null() && !(j["stop"].is_array() && j["stop"].empty()))
-        error = "'stop' strings need a tokenizer, which this server does not have yet; use 'stop_token_ids'";
     if (!error.empty()) return parsed;
+
+    // 'stop': a string or an array of strings (whether the model can use them is the engine's
+    // call: it needs a tokenizer.json).
+    if (j.contains("stop") && !j["stop"].is_null()) {
+        const json& stop = j["stop"];
+        const bool ok = stop.is_string() || (stop.is_array() && std::all_of(stop.begin(), stop.end(), [](const json& s) {
+                                                 return s.is_string();
+                                             }));
+        if (!ok) {
+            error = "'stop' must be a string or an array of strings";
+            return parsed;
+        }
+        if (stop.is_string()) r.sampling.stop = {stop.get<std::string>()};
+        else r.sampling.stop = stop.get<std::vector<std::string>>();
+        for (const std::string& s : r.sampling.stop)
+            if (s.empty()) {
+                error = "'stop' strings must not be empty";
+                return parsed;
+            }
+    }
 
     if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null() &&
         !token_array(j["stop_token_ids"], r.stop_token_ids, error, "stop_token_ids"))
@@ -202,7 +221,7 @@ json completion_body(const std::string& id, int64_t created, const std::string& 
     json list = json::array();
     for (size_t i = 0; i < choices.size(); ++i)
         list.push_back({{"index", i},
-                        {"text", ""},
+                        {"text", choices[i].text},
                         {"token_ids", choices[i].token_ids},
                         {"logprobs", nullptr},
                         {"finish_reason", choices[i].finish_reason}});
@@ -211,9 +230,10 @@ json completion_body(const std::string& id, int64_t created, const std::string& 
 }
 
 json completion_chunk(const std::string& id, int64_t created, const std::string& model, int index,
-                      const std::vector<int32_t>& token_ids, const std::string& finish_reason) {
+                      const std::vector<int32_t>& token_ids, const std::string& finish_reason,
+                      const std::string& text) {
     json choice = {{"index", index},
-                   {"text", ""},
+                   {"text", text},
                    {"token_ids", token_ids},
                    {"logprobs", nullptr},
                    {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};

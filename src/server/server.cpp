@@ -27,6 +27,7 @@ struct Update {
     std::vector<int32_t> tokens;
     bool finished = false;
     std::string finish_reason;
+    std::string text;  // the whole completion's, on the finishing update (with a tokenizer)
 };
 
 // One prompt's queue: filled by the engine's stream callback, drained by its HTTP handler.
@@ -40,7 +41,7 @@ struct PromptStream {
     void push(const RequestOutput& out) {
         {
             std::lock_guard<std::mutex> lock(mutex);
-            updates.push_back({out.new_tokens, out.finished, out.finish_reason});
+            updates.push_back({out.new_tokens, out.finished, out.finish_reason, out.text});
         }
         cv.notify_all();
     }
@@ -202,6 +203,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res)
                 choices[i].token_ids.insert(choices[i].token_ids.end(), u.tokens.begin(), u.tokens.end());
                 if (u.finished) {
                     choices[i].finish_reason = u.finish_reason;
+                    choices[i].text = u.text;
                     break;
                 }
             }
@@ -250,7 +252,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res)
                 ++state->current;
             }
             if (u.tokens.empty() && !u.finished) return true;
-            return send(completion_chunk(id, created, model, int(i), u.tokens, u.finish_reason).dump());
+            return send(completion_chunk(id, created, model, int(i), u.tokens, u.finish_reason, u.text).dump());
         },
         [this, state](bool) {
             // Ended early (client gone, write failed, server stopping): abort what is still running

@@ -2,8 +2,11 @@
 // equal the engine's own output, alone, batched, streamed and concurrent; bad requests get 4xx with
 // a reason and the server keeps serving; a client that hangs up has its request aborted; /metrics
 // counts; the profile is written at stop, with device times on an accelerator.
+#include "byte_level_tokenizer.h"
 #include "models/model_test_util.h"
 #include "server/server.h"
+#include "tokenizer/detokenizer.h"
+#include "unit/safetensors_test_writer.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -14,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 namespace xinfer::test {
@@ -232,6 +236,7 @@ TEST_F(ServerTest, BadRequestsGetReasonsAndTheServerKeepsServing) {
     };
     expect(client_->Post("/v1/completions", "{\"prompt\": [1, 2", "application/json"), 400, "not valid JSON");
     expect(post({{"prompt", "Hello"}}), 400, "no tokenizer");
+    expect(post({{"prompt", {1, 2}}, {"stop", "x"}}), 400, "tokenizer.json");
     expect(post(request({1, 2, 1 << 30}, 4)), 400, "outside the vocabulary");
     expect(post(request(std::vector<int32_t>(5000, 1), 4)), 400, "max_model_len");
     expect(post({{"prompt", {1, 2}}, {"model", "other"}}), 404, "does not exist");
@@ -342,6 +347,77 @@ TEST_F(ServerTest, SpeculationIsLosslessAndCounted) {
     ASSERT_NE(at, std::string::npos) << metrics->body;
     EXPECT_GT(std::stod(metrics->body.substr(at + drafts.size())), 0);
     EXPECT_NE(metrics->body.find("vllm:spec_decode_num_accepted_tokens_per_pos_total"), std::string::npos);
+    server.stop();
+}
+
+// A model directory with a tokenizer.json: stop strings end completions (with n-gram speculation
+// on, so accepted chains cross the stop), and each choice carries its text, streamed or not.
+TEST_F(ServerTest, StopStringsAndTextWithATokenizer) {
+    TempDir dir;
+    std::filesystem::copy(fixture_dir("qwen3_f32"), dir.path(), std::filesystem::copy_options::recursive);
+    const int64_t vocab = load_fixture("qwen3_f32").vocab;
+    write_byte_level_tokenizer(dir.path(), vocab);
+    EngineOptions options;
+    options.model_dir = dir.path().string();
+    options.device = test_device();
+    options.speculative_config = R"({"method": "ngram", "num_speculative_tokens": 3})";
+    std::unique_ptr<Engine> engine = Engine::create(options);
+    ASSERT_TRUE(engine->has_tokenizer());
+    ServerOptions server_options;
+    server_options.port = 0;
+    server_options.model_name = "qwen3-test";
+    Server server(*engine, server_options);
+    httplib::Client client("127.0.0.1", server.start());
+    client.set_read_timeout(60, 0);
+
+    // Expected: stop at the first token whose text completes the bytes of reference tokens 4 and 5.
+    const std::string stop = test_token_bytes(ref_b_[4], vocab) + test_token_bytes(ref_b_[5], vocab);
+    std::string text;
+    size_t end = 0;
+    for (; end < ref_b_.size(); ++end) {
+        text += test_token_bytes(ref_b_[end], vocab);
+        if (text.find(stop) != std::string::npos) break;
+    }
+    ASSERT_LE(end, size_t(5));
+    const std::vector<int32_t> expected(ref_b_.begin(), ref_b_.begin() + end + 1);
+    const std::string expected_text = to_valid_utf8(text.substr(0, text.find(stop)));
+
+    json body = request(prompt_b_, 12);
+    body["stop"] = {"never in this text", stop};
+    auto res = client.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    json out = json::parse(res->body);
+    EXPECT_EQ(out["choices"][0]["token_ids"].get<std::vector<int32_t>>(), expected);
+    EXPECT_EQ(out["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(out["choices"][0]["text"], expected_text);
+
+    body["stream"] = true;
+    res = client.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    std::vector<int32_t> streamed;
+    std::string streamed_text, last_finish;
+    std::istringstream events(res->body);
+    for (std::string line; std::getline(events, line);) {
+        if (line.rfind("data: {", 0) != 0) continue;
+        const json chunk = json::parse(line.substr(6));
+        const auto ids = chunk["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+        streamed.insert(streamed.end(), ids.begin(), ids.end());
+        streamed_text += chunk["choices"][0]["text"].get<std::string>();
+        if (!chunk["choices"][0]["finish_reason"].is_null()) last_finish = chunk["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(streamed, expected);
+    EXPECT_EQ(streamed_text, expected_text);
+    EXPECT_EQ(last_finish, "stop");
+
+    // Without stop strings the text is the whole completion's.
+    res = client.Post("/v1/completions", request(prompt_b_, 12).dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], to_valid_utf8([&] {
+                  std::string all;
+                  for (int32_t id : ref_b_) all += vocab - 1 == id ? "" : test_token_bytes(id, vocab);
+                  return all;
+              }()));
     server.stop();
 }
 

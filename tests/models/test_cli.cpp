@@ -1,7 +1,10 @@
 // The xinfer binary end to end: generate, logits (.npy), info, and clear errors on bad input.
+#include "byte_level_tokenizer.h"
 #include "fixture.h"
 #include "loader/npy.h"
 #include "models/model.h"
+#include "tokenizer/detokenizer.h"
+#include "unit/safetensors_test_writer.h"
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -42,6 +45,44 @@ TEST(Cli, GeneratePrintsGreedyIdsAsJson) {
     ASSERT_EQ(run.status, 0) << run.output;
     const nlohmann::json line = nlohmann::json::parse(run.output.substr(0, run.output.find('\n')));
     EXPECT_EQ(line.at("ids").get<std::vector<int32_t>>(), std::vector<int32_t>(f.greedy.begin(), f.greedy.begin() + long(n)));
+    EXPECT_EQ(line.at("finish_reason"), "length");
+    EXPECT_FALSE(line.contains("text"));  // the fixture has no tokenizer.json
+}
+
+// --stop with a tokenizer.json next to the model: the text is cut before the stop string and
+// generation ends at the token that completed it. Without a tokenizer, --stop is refused up front.
+TEST(Cli, GenerateStopsAtStopStrings) {
+    const Fixture f = load_fixture("mimo_hub_f32");
+    const size_t n = decidable_greedy_steps(f);
+    ASSERT_GE(n, 6u);
+    TempDir dir;
+    std::filesystem::copy(f.dir, dir.path(), std::filesystem::copy_options::recursive);
+    write_byte_level_tokenizer(dir.path(), f.vocab);
+    const std::string stop = test_token_bytes(f.greedy[3], f.vocab) + test_token_bytes(f.greedy[4], f.vocab);
+    std::string text;
+    size_t end = 0;
+    for (; end < n; ++end) {
+        text += f.greedy[end] == f.vocab - 1 ? "" : test_token_bytes(f.greedy[end], f.vocab);
+        if (text.find(stop) != std::string::npos) break;
+    }
+    ASSERT_LE(end, size_t(4));
+    // The stop string travels as one shell argument: single-quoted, with any quote escaped.
+    std::string quoted = "'";
+    for (char ch : stop) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    quoted += "'";
+    CommandResult run = run_xinfer(fmt::format("generate --model {} --prompt-ids {} --max-tokens {} --stop {}",
+                                               dir.path().string(), join_ids(f.prompt), n, quoted));
+    ASSERT_EQ(run.status, 0) << run.output;
+    const nlohmann::json line = nlohmann::json::parse(run.output.substr(0, run.output.find('\n')));
+    EXPECT_EQ(line.at("ids").get<std::vector<int32_t>>(),
+              std::vector<int32_t>(f.greedy.begin(), f.greedy.begin() + long(end) + 1));
+    EXPECT_EQ(line.at("finish_reason"), "stop");
+    EXPECT_EQ(line.at("text"), to_valid_utf8(text.substr(0, text.find(stop))));
+
+    CommandResult refused = run_xinfer(fmt::format("generate --model {} --prompt-ids {} --stop x", f.dir.string(),
+                                                   join_ids(f.prompt)));
+    EXPECT_NE(refused.status, 0);
+    EXPECT_NE(refused.output.find("tokenizer.json"), std::string::npos) << refused.output;
 }
 
 // Speculative decoding from the command line: a DFlash drafter (z-lab dialect) whose proposals,

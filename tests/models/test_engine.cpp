@@ -75,7 +75,7 @@ TEST_P(EngineTest, BatchedEqualsAlone) {
 TEST_P(EngineTest, SampledTokensEqualTheHostSampler) {
     const auto prompts = varied_prompts(fixture_, 4);
     // The last one is greedy: its rows take the argmax inside the same SAMPLE op.
-    const SamplingParams settings[] = {{0.8f, 1.f, 0, 11}, {1.3f, 0.9f, 0, 12}, {1.5f, 1.f, 5, 13}, {0.f, 1.f, 0, 14}};
+    const SamplingParams settings[] = {{0.8f, 1.f, 0, 11, {}}, {1.3f, 0.9f, 0, 12, {}}, {1.5f, 1.f, 5, 13, {}}, {0.f, 1.f, 0, 14, {}}};
     constexpr int kTokens = 10;
     Runner runner(*loaded_->model, *loaded_->backend, pool(512));
     std::unique_ptr<Engine> engine = make_engine(runner, {8, 4096, 0});

@@ -76,13 +76,26 @@ TEST(OpenAiProtocol, MalformedRequestsNameTheProblem) {
     refused(R"({"prompt": [1], "stream_options": {"include_usage": true}})", "only allowed with 'stream': true");
     refused(R"({"prompt": [1], "model": 3})", "'model' must be a string");
     refused(R"({"prompt": [1], "stop_token_ids": [1, "x"]})", "stop_token_ids[1]");
+    refused(R"({"prompt": [1], "stop": 3})", "'stop' must be a string or an array of strings");
+    refused(R"({"prompt": [1], "stop": ["a", 1]})", "'stop' must be a string or an array of strings");
+    refused(R"({"prompt": [1], "stop": ["a", ""]})", "must not be empty");
+}
+
+// Stop strings reach the sampling parameters (the engine refuses them without a tokenizer).
+TEST(OpenAiProtocol, StopStrings) {
+    ParsedCompletion one = parse_completion_request(R"({"prompt": [1], "stop": "\n\n"})");
+    ASSERT_EQ(one.error, "");
+    EXPECT_EQ(one.request.sampling.stop, (std::vector<std::string>{"\n\n"}));
+    ParsedCompletion two = parse_completion_request(R"({"prompt": [1], "stop": ["END", "}"]})");
+    ASSERT_EQ(two.error, "");
+    EXPECT_EQ(two.request.sampling.stop, (std::vector<std::string>{"END", "}"}));
+    EXPECT_TRUE(parse_completion_request(R"({"prompt": [1], "stop": null})").request.sampling.stop.empty());
 }
 
 // What needs text, or is not implemented, is refused rather than silently ignored.
 TEST(OpenAiProtocol, MissingFeaturesAreErrors) {
     refused(R"({"prompt": "Hello"})", "no tokenizer");
     refused(R"({"prompt": ["Hello", "there"]})", "no tokenizer");
-    refused(R"({"prompt": [1], "stop": ["\n"]})", "'stop' strings need a tokenizer");
     refused(R"({"prompt": [1], "n": 0})", "'n' must be in");
     refused(R"({"prompt": [1], "logprobs": 2})", "'logprobs' is not supported");
     refused(R"({"prompt": [1], "echo": true})", "'echo' is not supported");
@@ -94,17 +107,21 @@ TEST(OpenAiProtocol, MissingFeaturesAreErrors) {
 }
 
 TEST(OpenAiProtocol, ResponseBodies) {
-    const std::vector<ChoiceResult> choices = {{{7, 8}, "length", 3}, {{9}, "stop", 2}};
+    const std::vector<ChoiceResult> choices = {{{7, 8}, "length", 3, "hi"}, {{9}, "stop", 2, ""}};
     const nlohmann::json body = completion_body("cmpl-1", 100, "m", choices);
     EXPECT_EQ(body["object"], "text_completion");
     EXPECT_EQ(body["choices"][1]["token_ids"], nlohmann::json({9}));
     EXPECT_EQ(body["choices"][1]["finish_reason"], "stop");
+    EXPECT_EQ(body["choices"][0]["text"], "hi");
+    EXPECT_EQ(body["choices"][1]["text"], "");
     EXPECT_EQ(body["usage"]["prompt_tokens"], 5);
     EXPECT_EQ(body["usage"]["completion_tokens"], 3);
     EXPECT_EQ(body["usage"]["total_tokens"], 8);
     const nlohmann::json chunk = completion_chunk("cmpl-1", 100, "m", 1, {4}, "");
     EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
     EXPECT_EQ(chunk["choices"][0]["index"], 1);
+    EXPECT_EQ(chunk["choices"][0]["text"], "");
+    EXPECT_EQ(completion_chunk("cmpl-1", 100, "m", 1, {5}, "stop", "all of it")["choices"][0]["text"], "all of it");
     EXPECT_EQ(usage_chunk("cmpl-1", 100, "m", choices)["choices"].size(), 0u);
     EXPECT_EQ(error_body("why", "BadRequestError", 400)["error"]["message"], "why");
 }

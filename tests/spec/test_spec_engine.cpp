@@ -2,10 +2,12 @@
 // drafter — good, useless or adversarial — is token-identical to greedy without one, alone and
 // batched, with chunked prefill, prefix caching, preemption, stop ids and max_tokens; every
 // step leaves the KV pool intact; sampling keeps the target's distribution.
+#include "byte_level_tokenizer.h"
 #include "models/model_test_util.h"
 #include "runtime/engine_impl.h"
 #include "runtime/generate.h"
 #include "runtime/memory_plan.h"
+#include "unit/safetensors_test_writer.h"
 
 #include <map>
 
@@ -54,12 +56,14 @@ private:
 struct RunResult {
     std::vector<std::vector<int32_t>> tokens;  // per prompt
     std::vector<std::string> finish_reasons;
+    std::vector<std::string> texts;  // with a detokenizer
     EngineStats stats;
 };
 
 RunResult run_all(Runner& runner, const std::vector<std::vector<int32_t>>& prompts, SchedulerOptions options, int max_tokens,
-            Drafter* drafter, std::vector<int32_t> stop_ids = {}, SamplingParams sampling = {}) {
-    std::unique_ptr<Engine> engine = make_engine(runner, options, drafter);
+            Drafter* drafter, std::vector<int32_t> stop_ids = {}, SamplingParams sampling = {},
+            const Detokenizer* detokenizer = nullptr) {
+    std::unique_ptr<Engine> engine = make_engine(runner, options, drafter, detokenizer);
     std::map<uint64_t, size_t> index;
     for (size_t i = 0; i < prompts.size(); ++i) {
         SamplingParams s = sampling;
@@ -69,6 +73,7 @@ RunResult run_all(Runner& runner, const std::vector<std::vector<int32_t>>& promp
     RunResult run;
     run.tokens.resize(prompts.size());
     run.finish_reasons.resize(prompts.size());
+    run.texts.resize(prompts.size());
     while (engine->has_work()) {
         for (const RequestOutput& out : engine->step()) {
             auto& t = run.tokens[index.at(out.id)];
@@ -77,7 +82,10 @@ RunResult run_all(Runner& runner, const std::vector<std::vector<int32_t>>& promp
                 EXPECT_LE(out.accepted, int(out.proposed.size()));
                 EXPECT_LE(out.new_tokens.size(), size_t(out.accepted) + 1);
             }
-            if (out.finished) run.finish_reasons[index.at(out.id)] = out.finish_reason;
+            if (out.finished) {
+                run.finish_reasons[index.at(out.id)] = out.finish_reason;
+                run.texts[index.at(out.id)] = out.text;
+            }
         }
         runner.kv().check_integrity();
     }
@@ -182,6 +190,63 @@ TEST_P(SpecEngineTest, StopAndMaxTokensInsideAChain) {
         EXPECT_EQ(run.tokens[0], std::vector<int32_t>(full.begin(), full.begin() + limit)) << "max_tokens " << limit;
         EXPECT_EQ(run.finish_reasons[0], "length");
     }
+}
+
+// A stop string that several accepted drafts complete at once ends the request at the token that
+// completed it, with the text cut before it, exactly as without speculation.
+TEST_P(SpecEngineTest, StopStringsInsideAChain) {
+    const int max_tokens = 24;
+    const auto full = plain({fixture_.prompt}, max_tokens)[0];
+    TempDir dir;
+    const Detokenizer detokenizer = Detokenizer::load(write_byte_level_tokenizer(dir.path(), fixture_.vocab));
+    // The stop string: the bytes of generated tokens 8 and 9; expected, the first token whose text
+    // completes its first occurrence, and the text before that occurrence.
+    SamplingParams sampling;
+    sampling.stop = {detokenizer.token_bytes(full[8]) + detokenizer.token_bytes(full[9]), "never appears"};
+    ASSERT_FALSE(sampling.stop[0].empty());
+    std::string text;
+    size_t end = 0;
+    for (; end < full.size(); ++end) {
+        text += detokenizer.token_bytes(full[end]);
+        if (text.find(sampling.stop[0]) != std::string::npos) break;
+    }
+    ASSERT_LE(end, size_t(9));
+    const std::vector<int32_t> expected(full.begin(), full.begin() + end + 1);
+    const std::string expected_text = to_valid_utf8(text.substr(0, text.find(sampling.stop[0])));
+
+    auto ngram = make_ngram_drafter(parse_speculative_config(R"({"method":"ngram","num_speculative_tokens":5})"));
+    ScriptedDrafter oracle(joined({fixture_.prompt}, {full}), 6, fixture_.vocab, false);
+    ScriptedDrafter adversary(joined({fixture_.prompt}, {full}), 6, fixture_.vocab, true);
+    for (Drafter* drafter : {static_cast<Drafter*>(nullptr), ngram.get(), static_cast<Drafter*>(&oracle),
+                             static_cast<Drafter*>(&adversary)}) {
+        Runner runner(*loaded_->model, *loaded_->backend, pool(512));
+        const RunResult run =
+            run_all(runner, {fixture_.prompt}, {1, 4096, 0}, max_tokens, drafter, {}, sampling, &detokenizer);
+        const std::string which = drafter ? drafter->method() : "none";
+        EXPECT_EQ(run.tokens[0], expected) << which;
+        EXPECT_EQ(run.finish_reasons[0], "stop") << which;
+        EXPECT_EQ(run.texts[0], expected_text) << which;
+    }
+    // Without a stop string the text is the whole continuation's.
+    Runner runner(*loaded_->model, *loaded_->backend, pool(512));
+    const RunResult run = run_all(runner, {fixture_.prompt}, {1, 4096, 0}, max_tokens, &oracle, {}, {}, &detokenizer);
+    EXPECT_EQ(run.texts[0], to_valid_utf8(detokenizer.decode(full)));
+    EXPECT_EQ(run.finish_reasons[0], "length");
+}
+
+TEST(SpecEngine, StopStringsNeedATokenizer) {
+    const Fixture fixture = load_fixture("qwen3_f32");
+    LoadedModel loaded(fixture.dir);
+    Runner runner(*loaded.model, *loaded.backend, pool(64));
+    std::unique_ptr<Engine> engine = make_engine(runner, {1, 4096, 0});
+    SamplingParams sampling;
+    sampling.stop = {"x"};
+    EXPECT_THROW(engine->submit(fixture.prompt, sampling, 4), std::exception);
+    TempDir dir;
+    const Detokenizer detokenizer = Detokenizer::load(write_byte_level_tokenizer(dir.path(), fixture.vocab));
+    std::unique_ptr<Engine> with_tokenizer = make_engine(runner, {1, 4096, 0}, nullptr, &detokenizer);
+    sampling.stop = {""};
+    EXPECT_THROW(with_tokenizer->submit(fixture.prompt, sampling, 4), std::exception);
 }
 
 TEST_P(SpecEngineTest, PrefixCachingAndPreemptionAreLossless) {
