@@ -48,6 +48,30 @@ TEST(Detokenizer, AddedNonSpecialTokensAreKeptAndDecoderSequencesAccepted) {
     EXPECT_EQ(d.decode({0, 1, 2, 0}), "a b<think>a");
 }
 
+// GPT-2's table spelled out (independent of the test writer's copy of it): the 68 bytes that are
+// not printable become U+0100 onwards in byte order: 0x00-0x20 → U+0100-U+0120 ("Ġ" is a space,
+// "Ċ" a newline), 0x7F-0xA0 → U+0121-U+0142, 0xAD → U+0143.
+TEST(Detokenizer, Gpt2ByteTable) {
+    TempDir dir;
+    write(dir / "tokenizer.json", {{"model",
+                                    {{"type", "BPE"},
+                                     {"vocab",
+                                      {{"\u0120the\u010a", 0},
+                                       {"\u0100", 1},
+                                       {"\u0121", 2},
+                                       {"\u0142", 3},
+                                       {"\u0143", 4},
+                                       {"~\u00a1\u00ac\u00ae\u00ff", 5}}}}},
+                                   {"decoder", {{"type", "ByteLevel"}}}});
+    const Detokenizer d = Detokenizer::load(dir / "tokenizer.json");
+    EXPECT_EQ(d.token_bytes(0), " the\n");
+    EXPECT_EQ(d.token_bytes(1), std::string(1, '\0'));
+    EXPECT_EQ(d.token_bytes(2), "\x7f");
+    EXPECT_EQ(d.token_bytes(3), "\xa0");
+    EXPECT_EQ(d.token_bytes(4), "\xad");
+    EXPECT_EQ(d.token_bytes(5), "~\xa1\xac\xae\xff");  // printable bytes spell themselves
+}
+
 TEST(Detokenizer, RepairsInvalidUtf8) {
     EXPECT_EQ(to_valid_utf8("plain \xe4\xb8\xad"), "plain \xe4\xb8\xad");
     EXPECT_EQ(to_valid_utf8("\xc0\xaf"), "\xEF\xBF\xBD\xEF\xBF\xBD");      // overlong
