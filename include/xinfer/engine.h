@@ -69,8 +69,10 @@ struct RequestOutput {
     std::vector<int32_t> new_tokens;
     bool finished = false;
     std::string finish_reason;  // "stop", "length", "abort" when finished
-    // When finished, with a tokenizer: the generated text (special tokens left out, cut before a
-    // stop string, invalid UTF-8 replaced by U+FFFD). Empty otherwise.
+    // With a tokenizer: the text this step made final (special tokens left out; joined over a
+    // request's outputs it is the whole completion, cut before a stop string, invalid UTF-8 as
+    // U+FFFD). A running request holds back an unfinished character, and with stop strings the
+    // bytes a stop string could still begin in, until later tokens settle them. Empty otherwise.
     std::string text;
     int64_t prompt_tokens = 0;
     int64_t cached_prompt_tokens = 0;  // prompt tokens served by the prefix cache at first admission

@@ -39,7 +39,8 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
     return std::chrono::duration<double>(b - a).count();
 }
 
-RequestOutput output_of(const Request& r, std::chrono::steady_clock::time_point now) {
+// Takes the request's new text (Request::take_text), so call it once per output.
+RequestOutput output_of(Request& r, std::chrono::steady_clock::time_point now) {
     RequestOutput out;
     out.id = r.id;
     out.finished = r.finished();
@@ -51,7 +52,7 @@ RequestOutput output_of(const Request& r, std::chrono::steady_clock::time_point 
     out.spec = r.spec;
     if (r.n_generated() > 0) out.time_to_first_token_s = seconds_between(r.arrival, r.first_token);
     out.elapsed_s = seconds_between(r.arrival, now);
-    if (out.finished && r.detokenizer) out.text = to_valid_utf8(r.text);
+    if (r.detokenizer) out.text = r.take_text();
     return out;
 }
 
@@ -295,7 +296,7 @@ std::vector<RequestOutput> Engine::step() {
         for (const std::unique_ptr<Request>& r : finished) e.drafter->release(int(r->id));
     for (size_t i = 0; i < plan.size(); ++i) {
         if (emitted[i].empty()) continue;
-        const Request& r = *plan[i].request;
+        Request& r = *plan[i].request;
         RequestOutput out = output_of(r, now);
         out.new_tokens = emitted[i];
         if (accepted[i] >= 0) {

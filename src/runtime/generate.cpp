@@ -53,10 +53,8 @@ GenerateResult generate(Runner& runner, const std::vector<std::vector<int32_t>>&
             if (out.generated_tokens == int64_t(out.new_tokens.size())) ++first_tokens;
             result.tokens[i].insert(result.tokens[i].end(), out.new_tokens.begin(), out.new_tokens.end());
             if (out.accepted >= 0) result.spec_steps[i].push_back({out.proposed, out.accepted});
-            if (out.finished) {
-                result.finish_reasons[i] = out.finish_reason;
-                result.texts[i] = out.text;
-            }
+            result.texts[i] += out.text;
+            if (out.finished) result.finish_reasons[i] = out.finish_reason;
         }
         if (decoding) ++result.decode_steps;
         if (!decoding && first_tokens == n) {

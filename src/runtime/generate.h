@@ -32,7 +32,7 @@ struct SpecStep {
 struct GenerateResult {
     std::vector<std::vector<int32_t>> tokens;  // generated ids per prompt
     std::vector<std::string> finish_reasons;   // per prompt: "stop" or "length"
-    std::vector<std::string> texts;            // per prompt, with a detokenizer (RequestOutput::text)
+    std::vector<std::string> texts;            // per prompt, with a detokenizer (RequestOutput::text joined)
     double prefill_seconds = 0;
     double decode_seconds = 0;
     int64_t decode_steps = 0;

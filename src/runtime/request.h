@@ -30,6 +30,7 @@ struct Request {
     std::vector<int32_t> stop_ids;
     const Detokenizer* detokenizer = nullptr;  // the model's, when it has one
     std::string text;  // generated text so far (bytes; special tokens left out), cut at a stop string
+    size_t text_taken = 0;  // bytes of `text` handed out by take_text()
 
     int64_t computed = 0;         // tokens whose K/V are in the cache
     int64_t cached_prompt = 0;    // prompt tokens reused from the prefix cache at first admission
@@ -68,6 +69,23 @@ struct Request {
         if (cut == std::string::npos) return false;
         text.resize(cut);
         return true;
+    }
+
+    // The text not handed out yet that is final: whole characters only, and, while the request
+    // runs, nothing a stop string could still begin in (it would have to be taken back). A
+    // finished request hands out the rest, an incomplete last character as U+FFFD.
+    std::string take_text() {
+        size_t end = text.size();
+        if (!finished()) {
+            size_t hold = 0;
+            for (const std::string& s : sampling.stop) hold = std::max(hold, s.size() - 1);
+            end = end > hold ? end - hold : 0;
+            end = whole_characters_end(text, end);
+        }
+        if (end <= text_taken) return {};
+        std::string delta = to_valid_utf8(text.substr(text_taken, end - text_taken));
+        text_taken = end;
+        return delta;
     }
 
     int64_t n_tokens() const { return int64_t(tokens.size()); }

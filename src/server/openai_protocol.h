@@ -4,8 +4,8 @@
 // xinfer cannot encode text yet, so prompts are token ids — the API's own "array of tokens" and
 // "array of token arrays" prompt forms — and completions come back as token ids in each choice's
 // `token_ids` (vLLM's field for the same thing). When the model has a tokenizer.json, `stop`
-// strings work and each choice's `text` is its decoded completion (streamed: in the choice's
-// last chunk, whole; the chunks before carry ""). Everything else a request asks for that needs
+// strings work and each choice's `text` is its decoded completion (streamed: each chunk carries
+// the text its tokens made final, RequestOutput::text). Everything else a request asks for that needs
 // text (string prompts) or is not implemented (logprobs, echo, penalties) is refused with a 400
 // that says so, rather than ignored.
 #pragma once
@@ -51,8 +51,8 @@ struct ChoiceResult {
 // The non-streaming response: one choice per prompt, and usage summed over them.
 nlohmann::json completion_body(const std::string& id, int64_t created, const std::string& model,
                                const std::vector<ChoiceResult>& choices);
-// One streamed chunk: choice `index` gained `token_ids`; finish_reason (and the choice's text)
-// set on its last chunk.
+// One streamed chunk: choice `index` gained `token_ids` and `text`; finish_reason set on its last
+// chunk.
 nlohmann::json completion_chunk(const std::string& id, int64_t created, const std::string& model, int index,
                                 const std::vector<int32_t>& token_ids, const std::string& finish_reason,
                                 const std::string& text = "");

@@ -27,7 +27,7 @@ struct Update {
     std::vector<int32_t> tokens;
     bool finished = false;
     std::string finish_reason;
-    std::string text;  // the whole completion's, on the finishing update (with a tokenizer)
+    std::string text;  // the text this step made final (with a tokenizer)
 };
 
 // One prompt's queue: filled by the engine's stream callback, drained by its HTTP handler.
@@ -201,9 +201,9 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res)
             for (;;) {
                 Update u = streams[i]->pop();
                 choices[i].token_ids.insert(choices[i].token_ids.end(), u.tokens.begin(), u.tokens.end());
+                choices[i].text += u.text;
                 if (u.finished) {
                     choices[i].finish_reason = u.finish_reason;
-                    choices[i].text = u.text;
                     break;
                 }
             }

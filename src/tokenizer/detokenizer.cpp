@@ -123,6 +123,17 @@ std::string Detokenizer::decode(const std::vector<int32_t>& ids, bool skip_speci
     return text;
 }
 
+size_t whole_characters_end(const std::string& bytes, size_t end) {
+    // The last lead byte among the (at most 3) bytes before `end`, and the length it announces.
+    for (size_t back = 1; back <= 3 && back <= end; ++back) {
+        const uint8_t b = uint8_t(bytes[end - back]);
+        if ((b & 0xc0) == 0x80) continue;  // a continuation byte: keep looking for the lead
+        const size_t len = (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 1;
+        return len > back ? end - back : end;
+    }
+    return end;
+}
+
 std::string to_valid_utf8(const std::string& bytes) {
     std::string out;
     out.reserve(bytes.size());

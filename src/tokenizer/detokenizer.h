@@ -38,5 +38,8 @@ private:
 
 // `bytes` with every invalid or incomplete UTF-8 sequence replaced by U+FFFD.
 std::string to_valid_utf8(const std::string& bytes);
+// `end`, moved back to the start of a UTF-8 sequence that bytes[.., end) would cut short (a
+// character still waiting for its next token's bytes); `end` itself otherwise.
+size_t whole_characters_end(const std::string& bytes, size_t end);
 
 }  // namespace xinfer

@@ -82,10 +82,8 @@ RunResult run_all(Runner& runner, const std::vector<std::vector<int32_t>>& promp
                 EXPECT_LE(out.accepted, int(out.proposed.size()));
                 EXPECT_LE(out.new_tokens.size(), size_t(out.accepted) + 1);
             }
-            if (out.finished) {
-                run.finish_reasons[index.at(out.id)] = out.finish_reason;
-                run.texts[index.at(out.id)] = out.text;
-            }
+            run.texts[index.at(out.id)] += out.text;
+            if (out.finished) run.finish_reasons[index.at(out.id)] = out.finish_reason;
         }
         runner.kv().check_integrity();
     }
