@@ -4,6 +4,7 @@
 #include "runtime/profiler.h"
 #include "spec/drafter.h"
 #include "core/status.h"
+#include "tokenizer/bpe_encoder.h"
 #include "tokenizer/detokenizer.h"
 
 #include <fmt/core.h>
@@ -18,6 +19,7 @@ void add_generate_command(CLI::App& app) {
     struct Options {
         ModelOptions model;
         std::string prompt_ids;
+        std::string prompt_text;
         GenerateOptions generate;
         std::string profile;
         std::string speculative_config;
@@ -26,10 +28,15 @@ void add_generate_command(CLI::App& app) {
     };
     auto options = std::make_shared<Options>();
     CLI::App* cmd = app.add_subcommand(
-        "generate", "Generate tokens from a prompt; prints {\"ids\": [...], \"finish_reason\": ...} as one JSON line "
+        "generate", "Generate tokens from a prompt (ids, or text with the model's tokenizer.json); prints {\"ids\": [...], "
+                    "\"finish_reason\": ...} as one JSON line "
                     "(with \"text\" when the model directory has a tokenizer.json)");
     options->model.add_to(*cmd);
-    cmd->add_option("--prompt-ids", options->prompt_ids, "Prompt token ids, comma-separated")->required();
+    CLI::Option* ids = cmd->add_option("--prompt-ids", options->prompt_ids, "Prompt token ids, comma-separated");
+    CLI::Option* text = cmd->add_option("--prompt", options->prompt_text,
+                                        "Prompt text, encoded with the model's tokenizer.json (instead of --prompt-ids)");
+    ids->excludes(text);
+    text->excludes(ids);
     cmd->add_option("--max-tokens", options->generate.max_tokens, "Tokens to generate")->default_val(16);
     cmd->add_option("--temperature", options->generate.sampling.temperature, "0 = greedy")->default_val(0.0);
     cmd->add_option("--top-p", options->generate.sampling.top_p)->default_val(1.0);
@@ -48,13 +55,22 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--spec-trace", options->spec_trace,
                     R"(Write one JSON line per speculative step, {"proposed":[...],"accepted":n}, to this file)");
     cmd->callback([options] {
-        const std::vector<int32_t> prompt = parse_ids(options->prompt_ids);
-        // Read before the weights, so a missing or broken tokenizer fails at once.
+        // The tokenizer is read before the weights, so a missing or broken one fails at once.
         std::unique_ptr<Detokenizer> detokenizer;
         const std::filesystem::path tokenizer = std::filesystem::path(options->model.model_dir) / "tokenizer.json";
-        if (std::filesystem::exists(tokenizer)) detokenizer = std::make_unique<Detokenizer>(Detokenizer::load(tokenizer));
-        if (!options->generate.sampling.stop.empty() && !detokenizer)
+        const bool has_tokenizer = std::filesystem::exists(tokenizer);
+        if (has_tokenizer) detokenizer = std::make_unique<Detokenizer>(Detokenizer::load(tokenizer));
+        if (!options->generate.sampling.stop.empty() && !has_tokenizer)
             fail("--stop needs the model's tokenizer: {} does not exist", tokenizer.string());
+        if (options->prompt_ids.empty() && options->prompt_text.empty()) fail("give --prompt-ids or --prompt");
+        std::vector<int32_t> prompt;
+        if (!options->prompt_text.empty()) {
+            if (!has_tokenizer) fail("--prompt needs the model's tokenizer: {} does not exist", tokenizer.string());
+            prompt = BpeEncoder::load(tokenizer).encode(options->prompt_text);
+            if (prompt.empty()) fail("--prompt encodes to no tokens");
+        } else {
+            prompt = parse_ids(options->prompt_ids);
+        }
         options->generate.detokenizer = detokenizer.get();
         LoadedModel loaded = load(options->model);
         RunnerOptions runner_options;

@@ -130,6 +130,9 @@ public:
     const std::string& plan_report() const;
     // Whether the model came with a tokenizer.json: stop strings and RequestOutput::text need it.
     bool has_tokenizer() const;
+    // Text → prompt ids with the model's tokenizer.json. Throws with the reason when there is
+    // none, or it cannot encode (tokenizer/bpe_encoder.h).
+    std::vector<int32_t> encode(const std::string& text) const;
 
     // Op-level profile (src/runtime/profiler.h) of every step from start_profile() to
     // stop_profile(), each step a region of the trace. Profiled steps run eagerly (a replayed

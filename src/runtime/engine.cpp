@@ -351,6 +351,11 @@ const std::string& Engine::plan_report() const { return impl_->plan_report; }
 
 bool Engine::has_tokenizer() const { return impl_->detokenizer != nullptr; }
 
+std::vector<int32_t> Engine::encode(const std::string& text) const {
+    if (!impl_->encoder) fail("this model has no tokenizer.json, so prompts must be token ids");
+    return impl_->encoder->encode(text);
+}
+
 void Engine::start_profile() {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     if (impl_->profiler) fail("start_profile: a profile is already running");

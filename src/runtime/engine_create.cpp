@@ -40,8 +40,12 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     auto checkpoint = Checkpoint::open(options.model_dir, /*load_weights=*/!dummy);
     // The tokenizer is read before the weights, so a broken one fails in seconds, not after a load.
     std::unique_ptr<Detokenizer> detokenizer;
+    std::unique_ptr<BpeEncoder> encoder;
     const std::filesystem::path tokenizer = std::filesystem::path(options.model_dir) / "tokenizer.json";
-    if (std::filesystem::exists(tokenizer)) detokenizer = std::make_unique<Detokenizer>(Detokenizer::load(tokenizer));
+    if (std::filesystem::exists(tokenizer)) {
+        detokenizer = std::make_unique<Detokenizer>(Detokenizer::load(tokenizer));
+        encoder = std::make_unique<BpeEncoder>(BpeEncoder::load(tokenizer));
+    }
     const ModelConfig config = read_model_config(*checkpoint);
     const bool host = backend->props().host_memory != 0;
 
@@ -113,6 +117,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     impl->plan_report = plan.report();
     impl->owned_detokenizer = std::move(detokenizer);
     impl->detokenizer = impl->owned_detokenizer.get();
+    impl->encoder = std::move(encoder);
     return std::make_unique<Engine>(std::move(impl));
 }
 

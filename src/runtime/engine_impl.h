@@ -6,6 +6,7 @@
 #include "runtime/runner.h"
 #include "runtime/scheduler.h"
 #include "spec/drafter.h"
+#include "tokenizer/bpe_encoder.h"
 #include "tokenizer/detokenizer.h"
 #include "xinfer/engine.h"
 
@@ -25,6 +26,7 @@ struct Engine::Impl {
     std::unique_ptr<Drafter> owned_drafter;
 
     std::unique_ptr<Detokenizer> owned_detokenizer;
+    std::unique_ptr<BpeEncoder> encoder;  // from the same tokenizer.json (Engine::create)
     const Detokenizer* detokenizer = nullptr;  // the model's tokenizer.json, when it has one
 
     Runner* runner = nullptr;

@@ -107,17 +107,20 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
         return parsed;
     }
     const json& prompt = j["prompt"];
-    const char* no_text = "this server has no tokenizer yet: send the prompt as token ids (an array of integers, or an "
-                          "array of such arrays)";
     if (prompt.is_string()) {
-        error = fmt::format("'prompt' is a string; {}", no_text);
+        r.text_prompts.push_back(prompt.get<std::string>());
+    } else if (!prompt.is_array() || prompt.empty()) {
+        error = "'prompt' must be a string or a non-empty array (of strings, of token ids, or of token-id arrays)";
         return parsed;
-    }
-    if (!prompt.is_array() || prompt.empty()) {
-        error = fmt::format("'prompt' must be a non-empty array; {}", no_text);
-        return parsed;
-    }
-    if (prompt[0].is_array()) {
+    } else if (prompt[0].is_string()) {
+        for (size_t i = 0; i < prompt.size(); ++i) {
+            if (!prompt[i].is_string()) {
+                error = fmt::format("prompt[{}] must be a string, as prompt[0] is", i);
+                return parsed;
+            }
+            r.text_prompts.push_back(prompt[i].get<std::string>());
+        }
+    } else if (prompt[0].is_array()) {
         for (size_t i = 0; i < prompt.size(); ++i) {
             std::vector<int32_t> ids;
             if (!token_array(prompt[i], ids, error, fmt::format("prompt[{}]", i))) return parsed;
@@ -127,9 +130,6 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
             }
             r.prompts.push_back(std::move(ids));
         }
-    } else if (prompt[0].is_string()) {
-        error = fmt::format("'prompt' holds strings; {}", no_text);
-        return parsed;
     } else {
         std::vector<int32_t> ids;
         if (!token_array(prompt, ids, error, "prompt")) return parsed;

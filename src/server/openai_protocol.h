@@ -1,13 +1,12 @@
 // The OpenAI completions protocol on token ids: request validation and the response / stream
 // chunk bodies, as pure functions (tested without sockets; server.cpp does the HTTP).
 //
-// xinfer cannot encode text yet, so prompts are token ids — the API's own "array of tokens" and
-// "array of token arrays" prompt forms — and completions come back as token ids in each choice's
-// `token_ids` (vLLM's field for the same thing). When the model has a tokenizer.json, `stop`
-// strings work and each choice's `text` is its decoded completion (streamed: each chunk carries
-// the text its tokens made final, RequestOutput::text). Everything else a request asks for that needs
-// text (string prompts) or is not implemented (logprobs, echo, penalties) is refused with a 400
-// that says so, rather than ignored.
+// Prompts come in all four of the API's forms: a string, strings, token ids, arrays of token ids.
+// Strings need the model's tokenizer.json (the server encodes them; text_prompts here), token ids
+// do not. Completions come back as token ids in each choice's `token_ids` (vLLM's field for the
+// same thing) and, with a tokenizer, as `text` (streamed: each chunk carries the text its tokens
+// made final, RequestOutput::text); `stop` strings need the tokenizer too. What is not implemented
+// (logprobs, echo, penalties) is refused with a 400 that says so, rather than ignored.
 #pragma once
 
 #include "xinfer/sampling_params.h"
@@ -23,6 +22,7 @@ namespace xinfer {
 struct CompletionRequest {
     std::string model;                         // as sent; empty when omitted
     std::vector<std::vector<int32_t>> prompts; // n choices per prompt: choice p·n + j is prompt p's j-th
+    std::vector<std::string> text_prompts;     // string prompts, still to be encoded (then prompts is empty)
     int n = 1;
     int max_tokens = 16;                       // OpenAI's default
     SamplingParams sampling;

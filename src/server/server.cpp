@@ -171,6 +171,17 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res)
         return send_error(res, 404, fmt::format("the model '{}' does not exist; this server serves '{}'", request.model,
                                                 options.model_name));
 
+    // String prompts: encoded with the model's tokenizer (a 400 when it has none or cannot).
+    for (size_t i = 0; i < request.text_prompts.size(); ++i) {
+        try {
+            std::vector<int32_t> ids = engine.encode(request.text_prompts[i]);
+            if (ids.empty()) return send_error(res, 400, fmt::format("prompt[{}] encodes to no tokens", i));
+            request.prompts.push_back(std::move(ids));
+        } catch (const std::exception& e) {
+            return send_error(res, 400, e.what());
+        }
+    }
+
     // n choices per prompt, choice p·n + j; with a seed s, choice j samples with seed s + j (so the
     // n choices differ, and the request stays reproducible).
     std::vector<std::shared_ptr<PromptStream>> streams;
@@ -295,8 +306,9 @@ void Server::Impl::routes() {
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(req, res); });
     http.Post("/v1/chat/completions", [](const httplib::Request&, httplib::Response& res) {
         send_error(res, 501,
-                   "chat completions need a tokenizer and a chat template, which xinfer does not have yet; use "
-                   "/v1/completions with token-id prompts");
+                   "chat completions need the model's chat template, which xinfer cannot render yet; use "
+                   "/v1/completions with the prompt already formatted (text, with the model's tokenizer.json, or "
+                   "token ids)");
     });
     // Called for every status ≥ 400; only the library's own (no route, unreadable request) lack a body.
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {

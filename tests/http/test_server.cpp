@@ -235,13 +235,13 @@ TEST_F(ServerTest, BadRequestsGetReasonsAndTheServerKeepsServing) {
         EXPECT_NE(body["error"]["message"].get<std::string>().find(reason), std::string::npos) << res->body;
     };
     expect(client_->Post("/v1/completions", "{\"prompt\": [1, 2", "application/json"), 400, "not valid JSON");
-    expect(post({{"prompt", "Hello"}}), 400, "no tokenizer");
+    expect(post({{"prompt", "Hello"}}), 400, "no tokenizer.json");
     expect(post({{"prompt", {1, 2}}, {"stop", "x"}}), 400, "tokenizer.json");
     expect(post(request({1, 2, 1 << 30}, 4)), 400, "outside the vocabulary");
     expect(post(request(std::vector<int32_t>(5000, 1), 4)), 400, "max_model_len");
     expect(post({{"prompt", {1, 2}}, {"model", "other"}}), 404, "does not exist");
     expect(post({{"prompt", {1, 2}}, {"n", 0}}), 400, "'n' must be in");
-    expect(client_->Post("/v1/chat/completions", "{}", "application/json"), 501, "tokenizer");
+    expect(client_->Post("/v1/chat/completions", "{}", "application/json"), 501, "chat template");
     expect(client_->Get("/v2/nothing"), 404, "no route GET /v2/nothing");
     // A batch with one bad prompt is refused whole, and leaves nothing running.
     json batch = request(prompt_a_, 4);
@@ -410,6 +410,19 @@ TEST_F(ServerTest, StopStringsAndTextWithATokenizer) {
     EXPECT_EQ(streamed_text, expected_text);
     EXPECT_EQ(last_finish, "stop");
 
+#if XINFER_HAS_ICU
+    // A text prompt is the token-id prompt its tokenizer encodes it to (this tokenizer has no
+    // merges: one id per byte).
+    json text_body = request({}, 6);
+    text_body["prompt"] = "hello world";
+    json ids_body = request({'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}, 6);
+    const auto by_text = client.Post("/v1/completions", text_body.dump(), "application/json");
+    const auto by_ids = client.Post("/v1/completions", ids_body.dump(), "application/json");
+    ASSERT_TRUE(by_text && by_ids);
+    ASSERT_EQ(by_text->status, 200) << by_text->body;
+    EXPECT_EQ(json::parse(by_text->body)["choices"][0]["token_ids"], json::parse(by_ids->body)["choices"][0]["token_ids"]);
+    EXPECT_EQ(json::parse(by_text->body)["usage"]["prompt_tokens"], 11);
+#endif
     // Without stop strings the text is the whole completion's.
     res = client.Post("/v1/completions", request(prompt_b_, 12).dump(), "application/json");
     ASSERT_TRUE(res);

@@ -83,6 +83,18 @@ TEST(Cli, GenerateStopsAtStopStrings) {
                                                    join_ids(f.prompt)));
     EXPECT_NE(refused.status, 0);
     EXPECT_NE(refused.output.find("tokenizer.json"), std::string::npos) << refused.output;
+
+    // --prompt TEXT: the ids the tokenizer encodes it to (this one: one id per byte, no merges).
+    CommandResult no_tokenizer = run_xinfer(fmt::format("generate --model {} --prompt hi", f.dir.string()));
+    EXPECT_NE(no_tokenizer.status, 0);
+    EXPECT_NE(no_tokenizer.output.find("tokenizer.json"), std::string::npos) << no_tokenizer.output;
+#if XINFER_HAS_ICU
+    CommandResult by_text = run_xinfer(fmt::format("generate --model {} --prompt 'hi there' --max-tokens 4", dir.path().string()));
+    CommandResult by_ids = run_xinfer(fmt::format("generate --model {} --prompt-ids 104,105,32,116,104,101,114,101 --max-tokens 4",
+                                                  dir.path().string()));
+    ASSERT_EQ(by_text.status, 0) << by_text.output;
+    EXPECT_EQ(by_text.output, by_ids.output);
+#endif
 }
 
 // Speculative decoding from the command line: a DFlash drafter (z-lab dialect) whose proposals,

@@ -81,6 +81,17 @@ TEST(OpenAiProtocol, MalformedRequestsNameTheProblem) {
     refused(R"({"prompt": [1], "stop": ["a", ""]})", "must not be empty");
 }
 
+// String prompts are kept for the server to encode (it refuses them without a tokenizer).
+TEST(OpenAiProtocol, TextPrompts) {
+    ParsedCompletion one = parse_completion_request(R"({"prompt": "Hello"})");
+    ASSERT_EQ(one.error, "");
+    EXPECT_EQ(one.request.text_prompts, (std::vector<std::string>{"Hello"}));
+    EXPECT_TRUE(one.request.prompts.empty());
+    ParsedCompletion two = parse_completion_request(R"({"prompt": ["Hello", "there"], "n": 2})");
+    ASSERT_EQ(two.error, "");
+    EXPECT_EQ(two.request.text_prompts, (std::vector<std::string>{"Hello", "there"}));
+}
+
 // Stop strings reach the sampling parameters (the engine refuses them without a tokenizer).
 TEST(OpenAiProtocol, StopStrings) {
     ParsedCompletion one = parse_completion_request(R"({"prompt": [1], "stop": "\n\n"})");
@@ -94,8 +105,8 @@ TEST(OpenAiProtocol, StopStrings) {
 
 // What needs text, or is not implemented, is refused rather than silently ignored.
 TEST(OpenAiProtocol, MissingFeaturesAreErrors) {
-    refused(R"({"prompt": "Hello"})", "no tokenizer");
-    refused(R"({"prompt": ["Hello", "there"]})", "no tokenizer");
+    refused(R"({"prompt": 5})", "'prompt' must be a string or a non-empty array");
+    refused(R"({"prompt": ["Hello", 3]})", "prompt[1] must be a string");
     refused(R"({"prompt": [1], "n": 0})", "'n' must be in");
     refused(R"({"prompt": [1], "logprobs": 2})", "'logprobs' is not supported");
     refused(R"({"prompt": [1], "echo": true})", "'echo' is not supported");
