@@ -3,6 +3,8 @@
 // the special token <|endoftext|>. Shared by tests/unit and tests/spec.
 #pragma once
 
+#include "tokenizer/tokenizer_json.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -12,25 +14,9 @@
 
 namespace xinfer::test {
 
-// The code point GPT-2's byte-level alphabet spells byte b with, as UTF-8.
-inline std::string byte_level_char(int b) {
-    int cp = b, next = 256;
-    for (int x = 0; x < 256; ++x) {
-        const bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
-        if (!printable) {
-            if (x == b) cp = next;
-            ++next;
-        }
-    }
-    std::string s;
-    if (cp < 0x80) {
-        s.push_back(char(cp));
-    } else {
-        s.push_back(char(0xc0 | (cp >> 6)));
-        s.push_back(char(0x80 | (cp & 0x3f)));
-    }
-    return s;
-}
+// Byte b in the byte-level alphabet (tokenizer/tokenizer_json.h; the detokenizer's unit test
+// checks that table against GPT-2's spelled out).
+inline std::string byte_level_char(int b) { return byte_level_spelling(uint8_t(b)); }
 
 // The bytes id stands for in the tokenizer written below.
 inline std::string test_token_bytes(int64_t id, int64_t vocab) {

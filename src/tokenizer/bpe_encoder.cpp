@@ -1,13 +1,10 @@
 #include "tokenizer/bpe_encoder.h"
 
 #include "core/status.h"
-
-#include <nlohmann/json.hpp>
+#include "tokenizer/tokenizer_json.h"
 
 #include <algorithm>
 #include <climits>
-#include <fstream>
-#include <sstream>
 
 #if XINFER_HAS_ICU
 #include <unicode/unorm2.h>
@@ -22,28 +19,6 @@ using json = nlohmann::json;
 
 // GPT-2's pre-tokenizer regex, which ByteLevel applies itself when use_regex is true.
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-// The byte-level alphabet: byte b spelled as one code point, UTF-8 encoded.
-const std::vector<std::string>& byte_spelling() {
-    static const std::vector<std::string> table = [] {
-        std::vector<std::string> t(256);
-        int next = 256;
-        for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-            const int cp = printable ? b : next++;
-            std::string s;
-            if (cp < 0x80) {
-                s.push_back(char(cp));
-            } else {
-                s.push_back(char(0xc0 | (cp >> 6)));
-                s.push_back(char(0x80 | (cp & 0x3f)));
-            }
-            t[size_t(b)] = s;
-        }
-        return t;
-    }();
-    return table;
-}
 
 // Oniguruma (what tokenizers runs) reads \s and \S as Unicode White_Space; ICU's \s leaves out
 // U+000B and U+0085. Spelling the property out makes ICU agree.
@@ -161,16 +136,7 @@ BpeEncoder& BpeEncoder::operator=(BpeEncoder&&) noexcept = default;
 BpeEncoder BpeEncoder::load(const std::filesystem::path& tokenizer_json) {
     BpeEncoder e;
     e.file_ = tokenizer_json.string();
-    std::ifstream in(tokenizer_json, std::ios::binary);
-    if (!in) fail("{}: cannot open the tokenizer", e.file_);
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    json doc;
-    try {
-        doc = json::parse(buffer.str());
-    } catch (const json::exception& ex) {
-        fail("{}: not valid JSON: {}", e.file_, ex.what());
-    }
+    const json doc = read_tokenizer_json(tokenizer_json);
     const json model = doc.is_object() && doc.contains("model") ? doc["model"] : json();
     if (!model.is_object() || !model.contains("vocab") || !model["vocab"].is_object())
         fail("{}: expected a model with a \"vocab\" map of token → id (a BPE tokenizer)", e.file_);
@@ -243,13 +209,13 @@ bool BpeEncoder::can_encode(std::string* why_not) const {
 
 std::vector<int32_t> BpeEncoder::encode_piece(const std::string& bytes) const {
     std::string spelled;
-    for (char b : bytes) spelled += byte_spelling()[uint8_t(b)];
+    for (char b : bytes) spelled += byte_level_spelling(uint8_t(b));
     if (ignore_merges_) {
         const auto whole = vocab_.find(spelled);
         if (whole != vocab_.end()) return {whole->second};
     }
     std::vector<std::string> symbols;
-    for (char b : bytes) symbols.push_back(byte_spelling()[uint8_t(b)]);
+    for (char b : bytes) symbols.push_back(byte_level_spelling(uint8_t(b)));
     for (;;) {
         int32_t best = INT32_MAX;
         for (size_t i = 0; i + 1 < symbols.size(); ++i) {

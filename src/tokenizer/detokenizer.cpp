@@ -1,29 +1,14 @@
 #include "tokenizer/detokenizer.h"
 
 #include "core/status.h"
-
-#include <nlohmann/json.hpp>
+#include "tokenizer/tokenizer_json.h"
 
 #include <array>
-#include <fstream>
-#include <sstream>
 
 namespace xinfer {
 namespace {
 
 using json = nlohmann::json;
-
-// GPT-2's byte ↔ code point table, inverted: code point → byte, -1 where no byte maps to it.
-std::array<int, 512> byte_of_code_point() {
-    std::array<int, 512> table;
-    table.fill(-1);
-    int next = 256;
-    for (int b = 0; b < 256; ++b) {
-        const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-        table[size_t(printable ? b : next++)] = b;
-    }
-    return table;
-}
 
 // Decodes one UTF-8 code point at s[i], advancing i; -1 for a malformed sequence.
 int32_t next_code_point(const std::string& s, size_t& i) {
@@ -53,20 +38,23 @@ bool is_byte_level(const json& decoder) {
     return false;
 }
 
+// The byte-level alphabet inverted: code point → byte, -1 where no byte is spelled so.
+std::array<int, 512> byte_of_code_point() {
+    std::array<int, 512> table;
+    table.fill(-1);
+    for (int b = 0; b < 256; ++b) {
+        const std::string& spelled = byte_level_spelling(uint8_t(b));
+        size_t i = 0;
+        table[size_t(next_code_point(spelled, i))] = b;
+    }
+    return table;
+}
+
 }  // namespace
 
 Detokenizer Detokenizer::load(const std::filesystem::path& tokenizer_json) {
     const std::string file = tokenizer_json.string();
-    std::ifstream in(tokenizer_json, std::ios::binary);
-    if (!in) fail("{}: cannot open the tokenizer", file);
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    json doc;
-    try {
-        doc = json::parse(buffer.str());
-    } catch (const json::exception& e) {
-        fail("{}: not valid JSON: {}", file, e.what());
-    }
+    const json doc = read_tokenizer_json(tokenizer_json);
     if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object() || !doc["model"].contains("vocab") ||
         !doc["model"]["vocab"].is_object())
         fail("{}: expected a model with a \"vocab\" map of token → id (a BPE tokenizer)", file);

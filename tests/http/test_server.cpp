@@ -67,6 +67,26 @@ protected:
     void TearDown() override { server_->stop(); }
 
     httplib::Result post(const json& body) { return client_->Post("/v1/completions", body.dump(), "application/json"); }
+    // Another server, over an engine of a test's own (stopped when it goes out of scope).
+    struct OwnServer {
+        std::unique_ptr<Server> server;
+        std::unique_ptr<httplib::Client> client;
+        OwnServer(std::unique_ptr<Server> s, std::unique_ptr<httplib::Client> c)
+            : server(std::move(s)), client(std::move(c)) {}
+        OwnServer(OwnServer&&) = default;
+        ~OwnServer() {
+            if (server) server->stop();
+        }
+    };
+    static OwnServer serve(Engine& engine, const std::string& model_name) {
+        ServerOptions options;
+        options.port = 0;
+        options.model_name = model_name;
+        OwnServer own(std::make_unique<Server>(engine, options), nullptr);
+        own.client = std::make_unique<httplib::Client>("127.0.0.1", own.server->start());
+        own.client->set_read_timeout(60, 0);
+        return own;
+    }
     static json request(const std::vector<int32_t>& prompt, int max_tokens) {
         return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
     }
@@ -330,12 +350,8 @@ TEST_F(ServerTest, SpeculationIsLosslessAndCounted) {
     const auto plain_res = post(request(prompt, 16));
     ASSERT_TRUE(plain_res && plain_res->status == 200);
     const auto plain = json::parse(plain_res->body)["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-    ServerOptions server_options;
-    server_options.port = 0;
-    server_options.model_name = "spec";
-    Server server(*engine, server_options);
-    httplib::Client client("127.0.0.1", server.start());
-    client.set_read_timeout(60, 0);
+    const OwnServer own = serve(*engine, "spec");
+    httplib::Client& client = *own.client;
     const auto res = client.Post("/v1/completions", request(prompt, 16).dump(), "application/json");
     ASSERT_TRUE(res);
     ASSERT_EQ(res->status, 200) << res->body;
@@ -347,7 +363,6 @@ TEST_F(ServerTest, SpeculationIsLosslessAndCounted) {
     ASSERT_NE(at, std::string::npos) << metrics->body;
     EXPECT_GT(std::stod(metrics->body.substr(at + drafts.size())), 0);
     EXPECT_NE(metrics->body.find("vllm:spec_decode_num_accepted_tokens_per_pos_total"), std::string::npos);
-    server.stop();
 }
 
 // A model directory with a tokenizer.json: stop strings end completions (with n-gram speculation
@@ -363,12 +378,8 @@ TEST_F(ServerTest, StopStringsAndTextWithATokenizer) {
     options.speculative_config = R"({"method": "ngram", "num_speculative_tokens": 3})";
     std::unique_ptr<Engine> engine = Engine::create(options);
     ASSERT_TRUE(engine->has_tokenizer());
-    ServerOptions server_options;
-    server_options.port = 0;
-    server_options.model_name = "qwen3-test";
-    Server server(*engine, server_options);
-    httplib::Client client("127.0.0.1", server.start());
-    client.set_read_timeout(60, 0);
+    const OwnServer own = serve(*engine, "qwen3-test");
+    httplib::Client& client = *own.client;
 
     // Expected: stop at the first token whose text completes the bytes of reference tokens 4 and 5.
     const std::string stop = test_token_bytes(ref_b_[4], vocab) + test_token_bytes(ref_b_[5], vocab);
@@ -431,7 +442,6 @@ TEST_F(ServerTest, StopStringsAndTextWithATokenizer) {
                   for (int32_t id : ref_b_) all += vocab - 1 == id ? "" : test_token_bytes(id, vocab);
                   return all;
               }()));
-    server.stop();
 }
 
 // `xinfer serve --profile`: every step until stop() lands in the Chrome trace.
