@@ -3,6 +3,7 @@
 #include "runtime/engine_impl.h"
 #include "models/fp8_weights.h"
 #include "runtime/memory_plan.h"
+#include "tokenizer/tokenizer_json.h"
 
 #include <fmt/core.h>
 
@@ -43,8 +44,9 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     std::unique_ptr<BpeEncoder> encoder;
     const std::filesystem::path tokenizer = std::filesystem::path(options.model_dir) / "tokenizer.json";
     if (std::filesystem::exists(tokenizer)) {
-        detokenizer = std::make_unique<Detokenizer>(Detokenizer::load(tokenizer));
-        encoder = std::make_unique<BpeEncoder>(BpeEncoder::load(tokenizer));
+        const nlohmann::json doc = read_tokenizer_json(tokenizer);  // parsed once for both
+        detokenizer = std::make_unique<Detokenizer>(Detokenizer::from_json(doc, tokenizer.string()));
+        encoder = std::make_unique<BpeEncoder>(BpeEncoder::from_json(doc, tokenizer.string()));
     }
     const ModelConfig config = read_model_config(*checkpoint);
     const bool host = backend->props().host_memory != 0;

@@ -134,9 +134,12 @@ BpeEncoder::BpeEncoder(BpeEncoder&&) noexcept = default;
 BpeEncoder& BpeEncoder::operator=(BpeEncoder&&) noexcept = default;
 
 BpeEncoder BpeEncoder::load(const std::filesystem::path& tokenizer_json) {
+    return from_json(read_tokenizer_json(tokenizer_json), tokenizer_json.string());
+}
+
+BpeEncoder BpeEncoder::from_json(const json& doc, const std::string& file) {
     BpeEncoder e;
-    e.file_ = tokenizer_json.string();
-    const json doc = read_tokenizer_json(tokenizer_json);
+    e.file_ = file;
     const json model = doc.is_object() && doc.contains("model") ? doc["model"] : json();
     if (!model.is_object() || !model.contains("vocab") || !model["vocab"].is_object())
         fail("{}: expected a model with a \"vocab\" map of token → id (a BPE tokenizer)", e.file_);
@@ -146,6 +149,12 @@ BpeEncoder BpeEncoder::load(const std::filesystem::path& tokenizer_json) {
         if (e.unsupported_.empty()) e.unsupported_ = what;
     };
     if (model.value("type", "BPE") != "BPE") unsupported("a " + model.value("type", "") + " model (only BPE)");
+    // Word-piece decorations and BPE dropout change what merges produce; byte-level vocabularies
+    // (Qwen's, MiMo's) use neither.
+    for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"})
+        if (model.contains(field) && model[field].is_string() && !model[field].get<std::string>().empty())
+            unsupported(std::string("a BPE model with ") + field);
+    if (model.contains("dropout") && !model["dropout"].is_null()) unsupported("BPE dropout");
     e.ignore_merges_ = model.value("ignore_merges", false);
     if (model.contains("merges") && model["merges"].is_array()) {
         int32_t rank = 0;

@@ -15,6 +15,8 @@
 // found at load and reported by encode(), so token-id requests still work with such a tokenizer.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -28,6 +30,8 @@ class BpeEncoder {
 public:
     // Throws naming the file when it is not JSON or has no BPE vocabulary.
     static BpeEncoder load(const std::filesystem::path& tokenizer_json);
+    // The same from a parsed tokenizer.json (`file` names it in errors).
+    static BpeEncoder from_json(const nlohmann::json& doc, const std::string& file);
     ~BpeEncoder();
     BpeEncoder(BpeEncoder&&) noexcept;
     BpeEncoder& operator=(BpeEncoder&&) noexcept;

@@ -53,8 +53,10 @@ std::array<int, 512> byte_of_code_point() {
 }  // namespace
 
 Detokenizer Detokenizer::load(const std::filesystem::path& tokenizer_json) {
-    const std::string file = tokenizer_json.string();
-    const json doc = read_tokenizer_json(tokenizer_json);
+    return from_json(read_tokenizer_json(tokenizer_json), tokenizer_json.string());
+}
+
+Detokenizer Detokenizer::from_json(const json& doc, const std::string& file) {
     if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object() || !doc["model"].contains("vocab") ||
         !doc["model"]["vocab"].is_object())
         fail("{}: expected a model with a \"vocab\" map of token → id (a BPE tokenizer)", file);

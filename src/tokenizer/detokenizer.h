@@ -10,6 +10,8 @@
 // once a whole sequence is joined; to_valid_utf8() replaces what is left incomplete with U+FFFD.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -23,6 +25,8 @@ public:
     // model has no vocabulary map, its decoder is not byte-level, or a vocabulary entry is not a
     // byte-level spelling.
     static Detokenizer load(const std::filesystem::path& tokenizer_json);
+    // The same from a parsed tokenizer.json (`file` names it in errors).
+    static Detokenizer from_json(const nlohmann::json& doc, const std::string& file);
 
     // The bytes token `id` stands for; empty for special tokens when skip_special, and for ids
     // the tokenizer does not define (models pad their vocabulary past the tokenizer's).

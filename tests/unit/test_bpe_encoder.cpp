@@ -109,6 +109,12 @@ TEST(BpeEncoder, SaysWhatItCannotEncode) {
     json stripped = qwen2_layout();
     stripped["added_tokens"][0]["lstrip"] = true;
     EXPECT_NE(reason(stripped).find("lstrip"), std::string::npos);
+    json dropout = qwen2_layout();
+    dropout["model"]["dropout"] = 0.1;
+    EXPECT_NE(reason(dropout).find("dropout"), std::string::npos);
+    json suffix = qwen2_layout();
+    suffix["model"]["end_of_word_suffix"] = "</w>";
+    EXPECT_NE(reason(suffix).find("end_of_word_suffix"), std::string::npos);
 #else
     EXPECT_NE(reason(qwen2_layout()).find("libicu-dev"), std::string::npos);
 #endif
