@@ -49,7 +49,13 @@ bool read_pre_tokenizer(const json& p, std::string& pattern, std::string& why) {
             why = "a ByteLevel pre-tokenizer with add_prefix_space";
             return false;
         }
-        if (p.value("use_regex", true)) pattern = kGpt2Pattern;
+        if (p.value("use_regex", true)) {
+            if (!pattern.empty()) {
+                why = "two regex splits in one pre-tokenizer";
+                return false;
+            }
+            pattern = kGpt2Pattern;
+        }
         return true;
     }
     if (type == "Split") {

@@ -72,6 +72,7 @@ TEST(BpeEncoder, MergesByRankAfterTheQwen2Split) {
     EXPECT_EQ(e.encode("\xc3\xa9"), (ids{0xc3, 0xa9}));
     EXPECT_EQ(e.encode("\xf0\x9f\x98\x80!"), (ids{0xf0, 0x9f, 0x98, 0x80, '!'}));
     EXPECT_EQ(e.encode(""), ids{});
+    EXPECT_THROW(e.encode("bad \xff byte"), std::exception);  // not UTF-8: an error, not garbage
     // Decoding gives the (normalized) text back.
     const Detokenizer d = Detokenizer::load(path);
     for (const std::string text : {"hello world", "it's IT'S x 12345", "a  b\n\n\ty", "caf\xc3\xa9 \xf0\x9f\x98\x80"})
@@ -109,6 +110,10 @@ TEST(BpeEncoder, SaysWhatItCannotEncode) {
     json stripped = qwen2_layout();
     stripped["added_tokens"][0]["lstrip"] = true;
     EXPECT_NE(reason(stripped).find("lstrip"), std::string::npos);
+    // Split, then ByteLevel's own regex on top: two regex splits.
+    json two_splits = qwen2_layout();
+    two_splits["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = true;
+    EXPECT_NE(reason(two_splits).find("two regex splits"), std::string::npos);
     json dropout = qwen2_layout();
     dropout["model"]["dropout"] = 0.1;
     EXPECT_NE(reason(dropout).find("dropout"), std::string::npos);
