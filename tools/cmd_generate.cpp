@@ -6,6 +6,7 @@
 #include "core/status.h"
 #include "tokenizer/bpe_encoder.h"
 #include "tokenizer/detokenizer.h"
+#include "tokenizer/tokenizer_json.h"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -57,16 +58,20 @@ void add_generate_command(CLI::App& app) {
     cmd->callback([options] {
         // The tokenizer is read before the weights, so a missing or broken one fails at once.
         std::unique_ptr<Detokenizer> detokenizer;
+        nlohmann::json tokenizer_doc;  // parsed once, for the detokenizer and (with --prompt) the encoder
         const std::filesystem::path tokenizer = std::filesystem::path(options->model.model_dir) / "tokenizer.json";
         const bool has_tokenizer = std::filesystem::exists(tokenizer);
-        if (has_tokenizer) detokenizer = std::make_unique<Detokenizer>(Detokenizer::load(tokenizer));
+        if (has_tokenizer) {
+            tokenizer_doc = read_tokenizer_json(tokenizer);
+            detokenizer = std::make_unique<Detokenizer>(Detokenizer::from_json(tokenizer_doc, tokenizer.string()));
+        }
         if (!options->generate.sampling.stop.empty() && !has_tokenizer)
             fail("--stop needs the model's tokenizer: {} does not exist", tokenizer.string());
         if (options->prompt_ids.empty() && options->prompt_text.empty()) fail("give --prompt-ids or --prompt");
         std::vector<int32_t> prompt;
         if (!options->prompt_text.empty()) {
             if (!has_tokenizer) fail("--prompt needs the model's tokenizer: {} does not exist", tokenizer.string());
-            prompt = BpeEncoder::load(tokenizer).encode(options->prompt_text);
+            prompt = BpeEncoder::from_json(tokenizer_doc, tokenizer.string()).encode(options->prompt_text);
             if (prompt.empty()) fail("--prompt encodes to no tokens");
         } else {
             prompt = parse_ids(options->prompt_ids);
