@@ -1,8 +1,7 @@
 // BpeEncoder on a hand-made Qwen2-layout tokenizer.json: added tokens cut out first, NFC, the
 // Qwen2 split regex (contractions, single digits, whitespace runs, newlines), byte-level
 // spelling and BPE merges by rank; what it cannot encode is said, not guessed.
-// (scripts/gen_tokenizer_fixture.py writes a golden fixture from Hugging Face tokenizers; see
-// the closing note of the session that added it.)
+// (test_tokenizer_golden.cpp compares with Hugging Face tokenizers on a generated fixture.)
 #include "byte_level_tokenizer.h"
 #include "safetensors_test_writer.h"
 #include "tokenizer/bpe_encoder.h"
