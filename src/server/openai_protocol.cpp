@@ -66,41 +66,6 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
         error = "the request body must be a JSON object";
         return parsed;
     }
-    // Typed getters: a field of the wrong type is a 400 naming it.
-    const auto number = [&](const char* key, double lo, double hi, double& out) {
-        if (!j.contains(key) || j[key].is_null()) return true;
-        if (!j[key].is_number()) {
-            error = fmt::format("'{}' must be a number, got {}", key, j[key].dump());
-            return false;
-        }
-        out = j[key].get<double>();
-        if (!(out >= lo && out <= hi)) {
-            error = fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, j[key].dump());
-            return false;
-        }
-        return true;
-    };
-    const auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t& out) {
-        if (!j.contains(key) || j[key].is_null()) return true;
-        if (!j[key].is_number_integer()) {
-            error = fmt::format("'{}' must be an integer, got {}", key, j[key].dump());
-            return false;
-        }
-        out = j[key].get<int64_t>();
-        if (out < lo || out > hi) {
-            error = fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, out);
-            return false;
-        }
-        return true;
-    };
-
-    if (j.contains("model") && !j["model"].is_null()) {
-        if (!j["model"].is_string()) {
-            error = "'model' must be a string";
-            return parsed;
-        }
-        r.model = j["model"].get<std::string>();
-    }
 
     if (!j.contains("prompt")) {
         error = "'prompt' is required";
@@ -136,18 +101,61 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
         r.prompts.push_back(std::move(ids));
     }
 
+    parse_common_request_fields(j, r, error, /*chat=*/false);
+    return parsed;
+}
+
+bool parse_common_request_fields(const json& j, CompletionRequest& r, std::string& error, bool chat) {
+    // Typed getters: a field of the wrong type is a 400 naming it.
+    const auto number = [&](const char* key, double lo, double hi, double& out) {
+        if (!j.contains(key) || j[key].is_null()) return true;
+        if (!j[key].is_number()) {
+            error = fmt::format("'{}' must be a number, got {}", key, j[key].dump());
+            return false;
+        }
+        out = j[key].get<double>();
+        if (!(out >= lo && out <= hi)) {
+            error = fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, j[key].dump());
+            return false;
+        }
+        return true;
+    };
+    const auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t& out) {
+        if (!j.contains(key) || j[key].is_null()) return true;
+        if (!j[key].is_number_integer()) {
+            error = fmt::format("'{}' must be an integer, got {}", key, j[key].dump());
+            return false;
+        }
+        out = j[key].get<int64_t>();
+        if (out < lo || out > hi) {
+            error = fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, out);
+            return false;
+        }
+        return true;
+    };
+
+    if (j.contains("model") && !j["model"].is_null()) {
+        if (!j["model"].is_string()) {
+            error = "'model' must be a string";
+            return false;
+        }
+        r.model = j["model"].get<std::string>();
+    }
+
     int64_t max_tokens = r.max_tokens, top_k = 0, seed = 0, n = 1;
     double temperature = 1.0, top_p = 1.0, presence = 0.0, frequency = 0.0;  // OpenAI's defaults
+    // Chat: 'max_completion_tokens' is OpenAI's newer name for 'max_tokens' (which wins if both).
+    if (chat && !integer("max_completion_tokens", 1, std::numeric_limits<int32_t>::max(), max_tokens)) return false;
     if (!integer("max_tokens", 1, std::numeric_limits<int32_t>::max(), max_tokens) ||
         !number("temperature", 0.0, 100.0, temperature) || !number("top_p", 0.0, 1.0, top_p) ||
         !integer("top_k", -1, std::numeric_limits<int32_t>::max(), top_k) ||
         !integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed) ||
         !integer("n", 1, 128, n) || !number("presence_penalty", -2.0, 2.0, presence) ||
         !number("frequency_penalty", -2.0, 2.0, frequency))
-        return parsed;
+        return false;
     if (top_p <= 0.0) {
         error = "'top_p' must be > 0";
-        return parsed;
+        return false;
     }
     r.max_tokens = int(max_tokens);
     r.n = int(n);
@@ -160,12 +168,15 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
     // Requested features that are not there are refused, never silently dropped.
     if (presence != 0.0 || frequency != 0.0) error = "presence and frequency penalties are not supported";
     else if (j.contains("best_of") && !j["best_of"].is_null() && j["best_of"] != 1) error = "'best_of' is not supported";
-    else if (j.contains("logprobs") && !j["logprobs"].is_null()) error = "'logprobs' is not supported";
+    // Chat's logprobs is a boolean (false asks for nothing); completions' an integer.
+    else if (j.contains("logprobs") && !j["logprobs"].is_null() && !(chat && j["logprobs"] == false))
+        error = "'logprobs' is not supported";
+    else if (chat && j.contains("top_logprobs") && !j["top_logprobs"].is_null()) error = "'top_logprobs' is not supported";
     else if (j.value("echo", false) == true) error = "'echo' is not supported";
     else if (j.contains("suffix") && !j["suffix"].is_null()) error = "'suffix' is not supported";
     else if (j.contains("logit_bias") && !j["logit_bias"].is_null() && !j["logit_bias"].empty())
         error = "'logit_bias' is not supported";
-    if (!error.empty()) return parsed;
+    if (!error.empty()) return false;
 
     // 'stop': a string or an array of strings (whether the model can use them is the engine's
     // call: it needs a tokenizer.json).
@@ -176,24 +187,24 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
                                              }));
         if (!ok) {
             error = "'stop' must be a string or an array of strings";
-            return parsed;
+            return false;
         }
         if (stop.is_string()) r.sampling.stop = {stop.get<std::string>()};
         else r.sampling.stop = stop.get<std::vector<std::string>>();
         for (const std::string& s : r.sampling.stop)
             if (s.empty()) {
                 error = "'stop' strings must not be empty";
-                return parsed;
+                return false;
             }
     }
 
     if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null() &&
         !token_array(j["stop_token_ids"], r.stop_token_ids, error, "stop_token_ids"))
-        return parsed;
+        return false;
     if (j.contains("stream") && !j["stream"].is_null()) {
         if (!j["stream"].is_boolean()) {
             error = "'stream' must be a boolean";
-            return parsed;
+            return false;
         }
         r.stream = j["stream"].get<bool>();
     }
@@ -201,15 +212,15 @@ static ParsedCompletion parse_request_fields(const std::string& body) {
         const json& so = j["stream_options"];
         if (!so.is_object() || (so.contains("include_usage") && !so["include_usage"].is_boolean())) {
             error = "'stream_options' must be an object with a boolean 'include_usage'";
-            return parsed;
+            return false;
         }
         if (!r.stream) {
             error = "'stream_options' is only allowed with 'stream': true";
-            return parsed;
+            return false;
         }
         r.include_usage = so.value("include_usage", false);
     }
-    return parsed;
+    return true;
 }
 
 json error_body(const std::string& message, const std::string& type, int code) {

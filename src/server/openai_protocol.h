@@ -39,6 +39,13 @@ struct ParsedCompletion {
 };
 ParsedCompletion parse_completion_request(const std::string& body);
 
+// The fields completions and chat completions share, read from a request body `j` (an object)
+// into `request`: model, max_tokens (chat: also max_completion_tokens), n, seed, temperature,
+// top_p, top_k, stop, stop_token_ids, stream, stream_options; what is not supported (penalties,
+// logprobs, logit_bias, best_of, echo, suffix) is refused. False with `error` set to the 400's
+// reason. Fields left out keep `request`'s values (the caller's defaults).
+bool parse_common_request_fields(const nlohmann::json& j, CompletionRequest& request, std::string& error, bool chat);
+
 // {"error": {"message", "type", "code"}}: OpenAI's error body.
 nlohmann::json error_body(const std::string& message, const std::string& type, int code);
 

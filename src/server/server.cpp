@@ -1,7 +1,9 @@
 #include "server/server.h"
 
+#include "server/chat_protocol.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "tokenizer/chat_template.h"
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -96,13 +98,28 @@ struct Server::Impl {
         return seeds();
     }
 
-    Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {}
+    std::unique_ptr<ChatTemplate> chat_template;  // null: the chat route says which template is missing
+
+    Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {
+        if (!options.chat_template.empty()) {
+            chat_template = make_chat_template(options.chat_template);
+            if (!chat_template)
+                throw std::invalid_argument(fmt::format("unknown chat template '{}'; the built-in ones are {}",
+                                                        options.chat_template, builtin_chat_template_names()));
+        }
+    }
 
     void engine_loop();
     std::shared_ptr<PromptStream> submit(const std::vector<int32_t>& prompt, const CompletionRequest& request);
+    std::string submit_choices(const std::vector<std::vector<int32_t>>& prompts, const CompletionRequest& request,
+                               std::vector<std::shared_ptr<PromptStream>>& streams);
     void finished(const PromptStream& stream, const std::string& reason, int64_t generated);
     void abort(const PromptStream& stream);
+    void drain_aborted(const std::vector<std::shared_ptr<PromptStream>>& streams, size_t from,
+                       const std::vector<int64_t>& generated);
     void complete(const httplib::Request& req, httplib::Response& res);
+    void chat(const httplib::Request& req, httplib::Response& res);
+    std::vector<int32_t> end_of_turn_ids() const;
     void routes();
 };
 
@@ -161,6 +178,48 @@ void Server::Impl::finished(const PromptStream& stream, const std::string& reaso
 // A client gone mid-request: free its pages now. The engine's abort event follows on the queue.
 void Server::Impl::abort(const PromptStream& stream) { engine.abort(stream.id); }
 
+// A stream ended early (client gone, write failed, server stopping): aborts the choices from
+// `from` on and drains their queues, so every page is freed and the counters are complete.
+void Server::Impl::drain_aborted(const std::vector<std::shared_ptr<PromptStream>>& streams, size_t from,
+                                 const std::vector<int64_t>& generated) {
+    for (size_t i = from; i < streams.size(); ++i) {
+        abort(*streams[i]);
+        int64_t total = generated[i];
+        for (;;) {
+            Update u = streams[i]->pop();
+            total += int64_t(u.tokens.size());
+            if (u.finished) break;
+        }
+        finished(*streams[i], "abort", total);
+    }
+}
+
+// n choices per prompt, choice p·n + j; with a seed s, choice j samples with seed s + j (so the n
+// choices differ, and the request stays reproducible). Returns the engine's reason when it
+// refuses one (the batch is then refused whole), else "".
+std::string Server::Impl::submit_choices(const std::vector<std::vector<int32_t>>& prompts,
+                                         const CompletionRequest& request,
+                                         std::vector<std::shared_ptr<PromptStream>>& streams) {
+    try {
+        for (const std::vector<int32_t>& prompt : prompts)
+            for (int j = 0; j < request.n; ++j) {
+                CompletionRequest choice = request;
+                choice.sampling.seed = request.sampling.seed + uint64_t(j);
+                streams.push_back(submit(prompt, choice));
+            }
+    } catch (const std::exception& e) {
+        for (const auto& s : streams) abort(*s);
+        for (const auto& s : streams) {
+            while (!s->pop().finished) {
+            }
+            finished(*s, "abort", 0);
+        }
+        streams.clear();
+        return e.what();
+    }
+    return "";
+}
+
 void Server::Impl::complete(const httplib::Request& req, httplib::Response& res) {
     ParsedCompletion parsed = parse_completion_request(req.body);
     if (!parsed.error.empty()) return send_error(res, 400, parsed.error);
@@ -182,25 +241,9 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res)
         }
     }
 
-    // n choices per prompt, choice p·n + j; with a seed s, choice j samples with seed s + j (so the
-    // n choices differ, and the request stays reproducible).
     std::vector<std::shared_ptr<PromptStream>> streams;
-    try {
-        for (const std::vector<int32_t>& prompt : request.prompts)
-            for (int j = 0; j < request.n; ++j) {
-                CompletionRequest choice = request;
-                choice.sampling.seed = request.sampling.seed + uint64_t(j);
-                streams.push_back(submit(prompt, choice));
-            }
-    } catch (const std::exception& e) {
-        for (const auto& s : streams) abort(*s);  // the batch is refused whole
-        for (const auto& s : streams) {
-            while (!s->pop().finished) {
-            }
-            finished(*s, "abort", 0);
-        }
-        return send_error(res, 400, e.what());
-    }
+    const std::string refused = submit_choices(request.prompts, request, streams);
+    if (!refused.empty()) return send_error(res, 400, refused);
     const std::string id = fmt::format("cmpl-{}", next_completion.fetch_add(1));
     const int64_t created = unix_seconds();
     const std::string& model = options.model_name;
@@ -266,20 +309,160 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res)
             return send(completion_chunk(id, created, model, int(i), u.tokens, u.finish_reason, u.text).dump());
         },
         [this, state](bool) {
-            // Ended early (client gone, write failed, server stopping): abort what is still running
-            // and drain its queue, so every page is freed and the counters are complete.
-            for (size_t i = state->current; i < state->streams.size(); ++i) {
-                const PromptStream& s = *state->streams[i];
-                abort(s);
-                int64_t generated = int64_t(state->choices[i].token_ids.size());
-                for (;;) {
-                    Update u = state->streams[i]->pop();
-                    generated += int64_t(u.tokens.size());
-                    if (u.finished) break;
-                }
-                finished(s, "abort", generated);
-            }
+            std::vector<int64_t> generated;
+            for (const ChoiceResult& c : state->choices) generated.push_back(int64_t(c.token_ids.size()));
+            drain_aborted(state->streams, state->current, generated);
         });
+}
+
+// The ids that end an assistant turn in the ChatML family (<|im_end|>, <|endoftext|>): those the
+// tokenizer has as single tokens. Generation stops after one (it is special: not in the text).
+std::vector<int32_t> Server::Impl::end_of_turn_ids() const {
+    std::vector<int32_t> ids;
+    for (const char* token : {"<|im_end|>", "<|endoftext|>"}) {
+        const std::vector<int32_t> encoded = engine.encode(token);
+        if (encoded.size() == 1) ids.push_back(encoded[0]);
+    }
+    return ids;
+}
+
+void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
+    if (!chat_template)
+        return send_error(res, 501,
+                          fmt::format("chat completions need a chat template, and the model's architecture '{}' has "
+                                      "no built-in one (built in: {}); if the model uses one of those formats, start "
+                                      "the server with --chat-template NAME, or use /v1/completions with the prompt "
+                                      "already formatted",
+                                      options.architecture.empty() ? "unknown" : options.architecture,
+                                      builtin_chat_template_names()));
+    if (!engine.has_tokenizer())
+        return send_error(res, 400,
+                          "chat completions need the model's tokenizer.json (the prompt is text); this model directory "
+                          "has none");
+    ParsedChat parsed = parse_chat_request(req.body);
+    if (!parsed.error.empty()) return send_error(res, 400, parsed.error);
+    ChatRequest chat_request = std::move(parsed.request);
+    CompletionRequest& request = chat_request.sampling;
+    if (!request.seeded) request.sampling.seed = seed_source();
+    if (!request.model.empty() && request.model != options.model_name)
+        return send_error(res, 404, fmt::format("the model '{}' does not exist; this server serves '{}'", request.model,
+                                                options.model_name));
+
+    std::vector<int32_t> prompt;
+    try {
+        prompt = engine.encode(chat_template->render(chat_request.conversation));
+        const std::vector<int32_t> end_ids = end_of_turn_ids();
+        request.stop_token_ids.insert(request.stop_token_ids.end(), end_ids.begin(), end_ids.end());
+    } catch (const std::exception& e) {  // the template's or the encoder's reason
+        return send_error(res, 400, e.what());
+    }
+    if (request.max_tokens == 0)  // none asked: the rest of the context
+        request.max_tokens = int(std::max<int64_t>(1, engine.stats().max_model_len - int64_t(prompt.size())));
+
+    std::vector<std::shared_ptr<PromptStream>> streams;
+    const std::string refused = submit_choices({prompt}, request, streams);
+    if (!refused.empty()) return send_error(res, 400, refused);
+    const uint64_t number = next_completion.fetch_add(1);
+    const std::string id = fmt::format("chatcmpl-{}", number);
+    const int64_t created = unix_seconds();
+    const std::string& model = options.model_name;
+    const int64_t prompt_tokens = int64_t(prompt.size());
+    ChatOutputOptions output_options;
+    output_options.thinking = chat_template->thinking_enabled(chat_request.conversation);
+    if (chat_request.tools_enabled)
+        output_options.tool_calls = std::string(chat_template->tool_call_format()) == "mimo_xml"
+                                        ? ToolCallFormat::mimo_xml
+                                        : ToolCallFormat::hermes;
+    output_options.tools = chat_request.conversation.tools;
+    output_options.parallel_tool_calls = chat_request.parallel_tool_calls;
+    // Tool-call ids: unique per server run (the completion number), numbered within a choice.
+    const auto call_ids = [number](size_t choice, size_t count) {
+        std::vector<std::string> ids;
+        for (size_t k = 0; k < count; ++k) ids.push_back(fmt::format("call_{}_{}_{}", number, choice, k));
+        return ids;
+    };
+
+    if (!request.stream) {
+        std::vector<ChatChoiceResult> choices(streams.size());
+        for (size_t i = 0; i < streams.size(); ++i) {
+            std::string text, reason;
+            for (;;) {
+                Update u = streams[i]->pop();
+                choices[i].completion_tokens += int64_t(u.tokens.size());
+                text += u.text;
+                if (u.finished) {
+                    reason = u.finish_reason;
+                    break;
+                }
+            }
+            finished(*streams[i], reason, choices[i].completion_tokens);
+            choices[i].message = ChatOutputParser::parse(output_options, text);
+            choices[i].tool_call_ids = call_ids(i, choices[i].message.tool_calls.size());
+            choices[i].finish_reason = chat_finish_reason(reason, int(choices[i].message.tool_calls.size()));
+        }
+        return send_json(res, 200, chat_completion_body(id, created, model, prompt_tokens, choices));
+    }
+
+    // Server-sent events, choice after choice (as completions): a role delta, then per engine
+    // step the deltas its text settles (chat_deltas), then a finish delta; the usage chunk if
+    // asked; [DONE].
+    struct ChatStreamState {
+        std::vector<std::shared_ptr<PromptStream>> streams;
+        std::vector<int64_t> generated;
+        std::unique_ptr<ChatOutputParser> parser;  // of the current choice
+        size_t current = 0;
+    };
+    auto state = std::make_shared<ChatStreamState>();
+    state->streams = streams;
+    state->generated.assign(streams.size(), 0);
+    const bool include_usage = request.include_usage;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, state, id, created, model, include_usage, prompt_tokens, output_options, call_ids](size_t,
+                                                                                                  httplib::DataSink& sink) {
+            const auto send = [&](const std::string& data) {
+                const std::string event = "data: " + data + "\n\n";
+                return sink.write(event.data(), event.size());
+            };
+            if (state->current == state->streams.size()) {
+                int64_t completion_tokens = 0;
+                for (int64_t g : state->generated) completion_tokens += g;
+                if (include_usage) send(chat_usage_chunk(id, created, model, prompt_tokens, completion_tokens).dump());
+                send("[DONE]");
+                sink.done();
+                return true;
+            }
+            const size_t i = state->current;
+            if (!state->parser) {
+                state->parser = std::make_unique<ChatOutputParser>(output_options);
+                if (!send(chat_chunk(id, created, model, int(i), {{"role", "assistant"}, {"content", ""}}).dump()))
+                    return false;
+            }
+            Update u = state->streams[i]->pop();
+            state->generated[i] += int64_t(u.tokens.size());
+            ChatOutputParser& parser = *state->parser;
+            const int calls_before = parser.tool_calls_so_far();
+            ChatOutputDelta step = parser.feed(u.text);
+            if (u.finished) {
+                ChatOutputDelta last = parser.finish();
+                step.reasoning += last.reasoning;
+                step.content += last.content;
+                step.tool_calls.insert(step.tool_calls.end(), last.tool_calls.begin(), last.tool_calls.end());
+            }
+            const std::vector<std::string> ids = call_ids(i, size_t(parser.tool_calls_so_far()));
+            for (const json& delta : chat_deltas(step, calls_before, ids))
+                if (!send(chat_chunk(id, created, model, int(i), delta).dump())) return false;
+            if (u.finished) {
+                const std::string reason = chat_finish_reason(u.finish_reason, parser.tool_calls_so_far());
+                finished(*state->streams[i], u.finish_reason, state->generated[i]);
+                ++state->current;
+                state->parser.reset();
+                return send(chat_chunk(id, created, model, int(i), json::object(), reason).dump());
+            }
+            return true;
+        },
+        [this, state](bool) { drain_aborted(state->streams, state->current, state->generated); });
 }
 
 void Server::Impl::routes() {
@@ -304,12 +487,7 @@ void Server::Impl::routes() {
                         "text/plain; version=0.0.4; charset=utf-8");
     });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(req, res); });
-    http.Post("/v1/chat/completions", [](const httplib::Request&, httplib::Response& res) {
-        send_error(res, 501,
-                   "chat completions need the model's chat template, which xinfer cannot render yet; use "
-                   "/v1/completions with the prompt already formatted (text, with the model's tokenizer.json, or "
-                   "token ids)");
-    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { chat(req, res); });
     // Called for every status ≥ 400; only the library's own (no route, unreadable request) lack a body.
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return;

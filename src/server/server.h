@@ -1,5 +1,6 @@
-// xinfer's HTTP server: an Engine behind the OpenAI completions API (token-id prompts until the
-// tokenizer exists; see openai_protocol.h), plus GET /v1/models, /health and /metrics.
+// xinfer's HTTP server: an Engine behind the OpenAI completions API (openai_protocol.h) and chat
+// completions API (chat_protocol.h: a built-in chat template, reasoning and tool-call parsing),
+// plus GET /v1/models, /health and /metrics.
 //
 // Threads: one engine thread calls Engine::step() while there is work and sleeps otherwise; the
 // HTTP library's worker threads parse requests, submit them, and wait on a per-request queue
@@ -22,6 +23,11 @@ struct ServerOptions {
     // Non-empty: every engine step from start() to stop() is profiled (Engine::start_profile; the
     // steps run eagerly) and stop() writes the Chrome trace here.
     std::string profile_path;
+    // The chat template of /v1/chat/completions: a built-in name ("qwen3", "mimo";
+    // tokenizer/chat_template.h), or empty: the chat route answers 501 naming `architecture`,
+    // which has none. An unknown name is an error at construction.
+    std::string chat_template;
+    std::string architecture;  // config.json architectures[0], for that message
 };
 
 class Server {
