@@ -68,7 +68,8 @@ typedef enum xinfer_op_type {
     XINFER_OP_ADD_RMSNORM = 3,
     /* dst0[T,N] = x · wᵀ; optional block scales for f8 w   src: x[T,K], w[N,K], w_scale[ceil(N/br),ceil(K/bc)] f32 */
     XINFER_OP_MATMUL = 4,
-    /* in place on src0's first rotary_dim dims per head    src: x[T,heads,D], positions[T]     params.rope */
+    /* in place on src0's first rotary_dim dims per head    src: x[T,heads,D], positions[T]     params.rope
+       positions are host-written, as the attention batch's tensors (see xinfer_attention_batch). */
     XINFER_OP_ROPE = 5,
     /* dst0[T,I] = silu(gate) * up                          src: gate_up[T,2I] */
     XINFER_OP_SWIGLU = 6,
@@ -99,7 +100,12 @@ typedef enum xinfer_op_type {
     XINFER_OP_COUNT
 } xinfer_op_type;
 
-/* Per-step paged-KV metadata shared by KV_STORE and ATTENTION (one per layer group). */
+/* Per-step paged-KV metadata shared by KV_STORE and ATTENTION (one per layer group).
+   What a backend may rely on to start an op before the previous one on its stream has finished:
+   these tensors are written by the host before the forward, never by an op; and the cache rows of
+   a sequence's keys before kv_len - q_len (its own tokens) were stored by earlier forwards, since a
+   forward's KV_STORE writes only its own tokens' slots. (The CUDA plugin's decode attention reads
+   those keys while the KV_STORE before it still runs.) */
 typedef struct xinfer_attention_batch {
     int32_t n_seqs;
     int32_t max_pages_per_seq;

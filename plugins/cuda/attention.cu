@@ -383,10 +383,12 @@ constexpr int kStoreThreads = 256;
 __global__ void kv_store_kernel(const void* k /*[T, nkv, dk]*/, int k_dtype, const void* v /*[T, nkv, dv]*/,
                                 int v_dtype, void* k_cache, int kc_dtype, void* v_cache, int vc_dtype,
                                 const int32_t* slot_mapping /*[T]*/, int page_size, int64_t k_page_stride,
-                                int64_t v_page_stride, int64_t k_row /*nkv·dk*/, int64_t v_row /*nkv·dv*/) {
-    pdl_begin();
+                                int64_t v_page_stride, int64_t k_row /*nkv·dk*/, int64_t v_row /*nkv·dv*/,
+                                int early) {
+    if (!early) pdl_begin();
     const int64_t t = blockIdx.x, i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-    const int32_t slot = slot_mapping[t];
+    const int32_t slot = slot_mapping[t];  // host-written batch metadata: read before pdl_wait
+    pdl_begin();
     if (slot < 0) return;
     const int64_t page = slot / page_size, offset = slot % page_size;
     const float kv = i < k_row ? load_f(k, k_dtype, t * k_row + i) : 0.f;
@@ -480,7 +482,7 @@ int op_kv_store(Context* c, const xinfer_op* op, bool run) {
     return launch_pdl(c, "kv_store_kernel", kv_store_kernel, dim3(unsigned(T), row_chunks), dim3(kStoreThreads), 0,
                       k.data, k.dtype, v.data, v.dtype, k_cache.data, k_cache.dtype, v_cache.data, v_cache.dtype,
                       static_cast<const int32_t*>(b.slot_mapping.data), b.page_size, k_stride, v_stride, nkv * dk,
-                      nkv * dv);
+                      nkv * dv, int(early_reads()));
 }
 
 // attention_decode.cu: split-KV kernel for few query tokens per sequence; XINFER_UNSUPPORTED = not taken.

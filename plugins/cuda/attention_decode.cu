@@ -70,6 +70,7 @@ struct DecodeArgs {
     int tile_rows;             // query rows per block: 16 or kRows
     bool k_vec, v_vec;         // bf16 rows that may be copied with 16-byte cp.async
     bool q_vec;                // bf16 q rows that may be loaded 16 bytes at a time
+    bool early_kv;             // load the keys before the batch's own tokens before pdl_wait
 };
 
 // Shared memory (bytes): Q [64][ldk], two stages of K [64][ldk] and V [64][ldv] (bf16; rows
@@ -152,9 +153,19 @@ __device__ __forceinline__ void fill_row_part(__nv_bfloat16* dst, const void* ca
     }
 }
 
+// Which rows of a tile issue_tile copies: all of them, or (early K/V loads) the part that may be
+// read before pdl_wait and then the rest.
+enum TileRows { kAllRows, kOlderKeys, kFreshKeys };
+
 __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArgs a) {
     extern __shared__ __align__(128) unsigned char smem[];
-    pdl_begin();
+    // Everything up to pdl_wait reads only what no op of this forward writes: the batch metadata
+    // (uploaded by the host) and, with early_kv, the cache rows of keys before the sequence's own
+    // tokens (stored by earlier forwards; this forward's KV_STORE, the op just before, writes
+    // only keys kv_len - q_len and on, see backend_abi.h). So the first two K/V tiles are in
+    // flight while the previous kernel finishes, and a decode block's latency chain after the
+    // wait is q, the newest keys, the math.
+    if (!a.early_kv) pdl_wait();
     const DecodeSmem L = decode_smem(a.dk_pad, a.dv_pad);
     auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
     auto* ml_s = reinterpret_cast<float*>(smem + L.ml);
@@ -184,6 +195,83 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         tok_lo[i] = lo;
         tok_hi[i] = hi;
     }
+    __syncthreads();
+
+    // The block's key range: the union of its tokens' ranges, then this split's chunk of it
+    // (whole 64-key tiles, so splits never share a tile).
+    int key_lo = INT_MAX, key_hi = -1;
+    for (int i = 0; i < ntok; ++i)
+        if (tok_lo[i] <= tok_hi[i]) {
+            key_lo = min(key_lo, tok_lo[i]);
+            key_hi = max(key_hi, tok_hi[i]);
+        }
+    if (key_lo <= key_hi && a.n_split > 1) {
+        const int len = key_hi - key_lo + 1;
+        const int chunk = ((len + a.n_split - 1) / a.n_split + kTileKeys - 1) / kTileKeys * kTileKeys;
+        const int my_lo = key_lo + split * chunk;
+        key_hi = min(key_hi, my_lo + chunk - 1);
+        key_lo = my_lo;
+    }
+    const int n_tiles = key_lo <= key_hi ? (key_hi - key_lo + kTileKeys) / kTileKeys : 0;
+    // Keys from fresh_lo on are this forward's (written by the KV_STORE just before): read after
+    // pdl_wait. Without early loads every key counts as fresh.
+    const int fresh_lo = a.early_kv ? kv_len - qlen : INT_MIN;
+
+    // Loader: thread → (key kk = pass·32 + tid/4, a quarter of its 16-byte chunks). The page
+    // numbers of a tile are read one tile ahead of its copies (fetch_pages, then issue_tile an
+    // iteration later), so the page-table latency never sits between two tiles' copies.
+    constexpr int kNotNeeded = INT_MIN;
+    auto fetch_pages = [&](int kb, int (&page)[2]) {
+#pragma unroll
+        for (int pass = 0; pass < 2; ++pass) {
+            const int j = kb + pass * 32 + tid / 4;
+            bool needed = false;
+            if (j <= key_hi)
+                for (int i = 0; i < ntok && !needed; ++i) needed = j >= tok_lo[i] && j <= tok_hi[i];
+            page[pass] = needed ? a.page_table[int64_t(s) * a.max_pages + j / a.page_size] : kNotNeeded;
+        }
+    };
+    // Rows of keys nobody needs are zeroed and rows on released pages NaN-filled with the older
+    // keys (neither reads the cache); kFreshKeys copies the remaining rows from fresh_lo on.
+    auto issue_tile = [&](int stage, int kb, const int (&page)[2], TileRows which) {
+        auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem + L.kv + stage * L.stage + L.k_stage);
+        auto* Vs = reinterpret_cast<__nv_bfloat16*>(smem + L.kv + stage * L.stage + L.v_stage);
+#pragma unroll
+        for (int pass = 0; pass < 2; ++pass) {
+            const int kk = pass * 32 + tid / 4, j = kb + kk;
+            const bool copied = page[pass] != kNotNeeded && page[pass] >= 0;
+            if (which == kOlderKeys && copied && j >= fresh_lo) continue;
+            if (which == kFreshKeys && !(copied && j >= fresh_lo)) continue;
+            int64_t ks = kZero, vs = kZero;
+            if (page[pass] != kNotNeeded) {
+                if (page[pass] < 0) {
+                    ks = kNaN;
+                } else {
+                    const int64_t slot_row = int64_t(j % a.page_size) * a.nkv + g;
+                    ks = int64_t(page[pass]) * a.k_page_stride + slot_row * a.dk;
+                    vs = int64_t(page[pass]) * a.v_page_stride + slot_row * a.dv;
+                }
+            }
+            fill_row_part(Ks + kk * L.ldk, a.k_cache, a.k_dtype, ks, a.dk, a.dk_pad, a.k_vec, tid % 4);
+            fill_row_part(Vs + kk * L.ldv, a.v_cache, a.v_dtype, vs, a.dv, a.dv_pad, a.v_vec, tid % 4);
+        }
+    };
+    // The first two tiles (both stages): their older keys now, the fresh ones after the wait.
+    const int n_first = min(n_tiles, 2);
+    int first_pages[2][2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+        if (u < n_first) {
+            fetch_pages(key_lo + u * kTileKeys, first_pages[u]);
+            issue_tile(u, key_lo + u * kTileKeys, first_pages[u], kOlderKeys);
+        }
+    cp_async_commit();
+    pdl_wait();
+    pdl_launch_dependents();
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+        if (u < n_first) issue_tile(u, key_lo + u * kTileKeys, first_pages[u], kFreshKeys);
+    cp_async_commit();
     // Q rows as bf16, zero-padded to dk_pad; rows past `rows` up to the last 16-row group that
     // ldmatrix reads are zero. A decode block runs this prologue with one warp per scheduler, so
     // every instruction here is latency: bf16 rows go in 16-byte loads, kQLoads of them issued by
@@ -221,23 +309,6 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     }
     __syncthreads();
 
-    // The block's key range: the union of its tokens' ranges, then this split's chunk of it
-    // (whole 64-key tiles, so splits never share a tile).
-    int key_lo = INT_MAX, key_hi = -1;
-    for (int i = 0; i < ntok; ++i)
-        if (tok_lo[i] <= tok_hi[i]) {
-            key_lo = min(key_lo, tok_lo[i]);
-            key_hi = max(key_hi, tok_hi[i]);
-        }
-    if (key_lo <= key_hi && a.n_split > 1) {
-        const int len = key_hi - key_lo + 1;
-        const int chunk = ((len + a.n_split - 1) / a.n_split + kTileKeys - 1) / kTileKeys * kTileKeys;
-        const int my_lo = key_lo + split * chunk;
-        key_hi = min(key_hi, my_lo + chunk - 1);
-        key_lo = my_lo;
-    }
-    const int n_tiles = key_lo <= key_hi ? (key_hi - key_lo + kTileKeys) / kTileKeys : 0;
-
     // Warp roles: n_rg groups of 16 rows; with fewer than 4 groups the spare warps take other
     // keys of the same tile (kp parts of 64/kp keys).
     const int n_rg = (rows + 15) / 16;
@@ -260,41 +331,6 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         }
     }
 
-    // Loader: thread → (key kk = pass·32 + tid/4, a quarter of its 16-byte chunks). The page
-    // numbers of a tile are read one tile ahead of its copies (fetch_pages, then issue_tile an
-    // iteration later), so the page-table latency never sits between two tiles' copies.
-    constexpr int kNotNeeded = INT_MIN;
-    auto fetch_pages = [&](int kb, int (&page)[2]) {
-#pragma unroll
-        for (int pass = 0; pass < 2; ++pass) {
-            const int j = kb + pass * 32 + tid / 4;
-            bool needed = false;
-            if (j <= key_hi)
-                for (int i = 0; i < ntok && !needed; ++i) needed = j >= tok_lo[i] && j <= tok_hi[i];
-            page[pass] = needed ? a.page_table[int64_t(s) * a.max_pages + j / a.page_size] : kNotNeeded;
-        }
-    };
-    auto issue_tile = [&](int stage, int kb, const int (&page)[2]) {
-        auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem + L.kv + stage * L.stage + L.k_stage);
-        auto* Vs = reinterpret_cast<__nv_bfloat16*>(smem + L.kv + stage * L.stage + L.v_stage);
-#pragma unroll
-        for (int pass = 0; pass < 2; ++pass) {
-            const int kk = pass * 32 + tid / 4, j = kb + kk;
-            int64_t ks = kZero, vs = kZero;
-            if (page[pass] != kNotNeeded) {
-                if (page[pass] < 0) {
-                    ks = kNaN;
-                } else {
-                    const int64_t slot_row = int64_t(j % a.page_size) * a.nkv + g;
-                    ks = int64_t(page[pass]) * a.k_page_stride + slot_row * a.dk;
-                    vs = int64_t(page[pass]) * a.v_page_stride + slot_row * a.dv;
-                }
-            }
-            fill_row_part(Ks + kk * L.ldk, a.k_cache, a.k_dtype, ks, a.dk, a.dk_pad, a.k_vec, tid % 4);
-            fill_row_part(Vs + kk * L.ldv, a.v_cache, a.v_dtype, vs, a.dv, a.dv_pad, a.v_vec, tid % 4);
-        }
-    };
-
     float o[kMaxDv / 8][4];
 #pragma unroll
     for (int j = 0; j < kMaxDv / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
@@ -302,16 +338,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     const int dk_steps = a.dk_pad / 16, dv_steps = a.dv_pad / 16;
 
     int next_pages[2] = {kNotNeeded, kNotNeeded};
-    if (n_tiles > 0) {
-        int first_pages[2];
-        fetch_pages(key_lo, first_pages);
-        issue_tile(0, key_lo, first_pages);
-        cp_async_commit();
-        if (n_tiles > 1) fetch_pages(key_lo + kTileKeys, next_pages);
-    }
+    if (n_tiles > 2) fetch_pages(key_lo + 2 * kTileKeys, next_pages);
+    // Tiles 0 and 1 are in flight; from t = 1 on, tile t + 1 is issued while tile t is used.
     for (int t = 0; t < n_tiles; ++t) {
-        if (t + 1 < n_tiles) {
-            issue_tile((t + 1) & 1, key_lo + (t + 1) * kTileKeys, next_pages);
+        if (t >= 1 && t + 1 < n_tiles) {
+            issue_tile((t + 1) & 1, key_lo + (t + 1) * kTileKeys, next_pages, kAllRows);
             cp_async_commit();
             if (t + 2 < n_tiles) fetch_pages(key_lo + (t + 2) * kTileKeys, next_pages);
             cp_async_wait<1>();
@@ -517,6 +548,7 @@ int decode_attention_mode() {
     return mode;
 }
 
+
 }  // namespace
 
 // Called by op_attention (attention.cu) after it validated the op. Returns XINFER_UNSUPPORTED,
@@ -573,6 +605,7 @@ int attention_decode(Context* c, const xinfer_op* op) {
     a.k_vec = vec_ok(k_cache, dk, a.k_page_stride);
     a.v_vec = vec_ok(v_cache, dv, a.v_page_stride);
     a.q_vec = vec_ok(q, dk, 0);
+    a.early_kv = early_reads();
 
     // Rows per block: 64, or 16 when 64-row blocks would give fewer than 64 (row tile, KV head)
     // blocks (verification at batch 1: 8 tokens × 8 heads of a sliding layer were one block per KV

@@ -55,6 +55,11 @@ bool env_flag(const char* name, bool fallback) {
     return !(v[0] == '0' && v[1] == 0);
 }
 
+bool early_reads() {
+    static const bool on = env_flag("XINFER_CUDA_EARLY_READS", true);
+    return on;
+}
+
 bool pdl_enabled() {
     static const bool enabled = env_flag("XINFER_CUDA_PDL", true);
     return enabled;

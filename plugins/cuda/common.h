@@ -89,6 +89,9 @@ bool pdl_enabled();
 // A switch from the environment: unset or empty → fallback; "0" → false; anything else → true.
 // (The XINFER_CUDA_* switches that restore older kernel paths; plugins/cuda/README.md lists them.)
 bool env_flag(const char* name, bool fallback);
+// Whether small kernels read what the host and earlier forwards wrote (norm weights, positions,
+// slot mappings, older keys) before pdl_wait. XINFER_CUDA_EARLY_READS=0 turns it off, for A/B runs.
+bool early_reads();
 
 template <typename... Params, typename... Args>
 int launch_pdl(Context* c, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,

@@ -43,10 +43,19 @@ constexpr int kNormPerThread = 8;
 
 __global__ void rmsnorm_kernel(void* x /*[rows, n]*/, int x_dtype, const void* delta /*[rows, n] or null*/,
                                int delta_dtype, const void* weight /*[n]*/, int w_dtype, int64_t n, float eps,
-                               void* out /*[rows, n]*/, int out_dtype) {
+                               void* out /*[rows, n]*/, int out_dtype, int early) {
     __shared__ float partial[32];
-    pdl_begin();
+    if (!early) pdl_begin();
     const int64_t row = blockIdx.x, base = row * n, chunk = int64_t(kNormPerThread) * blockDim.x;
+    // The weights of the first chunk (all of a decode row's) are constant: loaded before pdl_wait,
+    // their latency hides behind the previous kernel instead of following the reduction.
+    float w_first[kNormPerThread];
+#pragma unroll
+    for (int k = 0; k < kNormPerThread; ++k) {
+        const int64_t i = k * int64_t(blockDim.x) + threadIdx.x;
+        w_first[k] = i < n ? load_f(weight, w_dtype, i) : 0.f;
+    }
+    pdl_begin();
     float sum_squares = 0.f;
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
         float v[kNormPerThread], d[kNormPerThread];
@@ -75,7 +84,7 @@ __global__ void rmsnorm_kernel(void* x /*[rows, n]*/, int x_dtype, const void* d
         for (int k = 0; k < kNormPerThread; ++k) {
             const int64_t i = c0 + k * int64_t(blockDim.x) + threadIdx.x;
             v[k] = i < n ? load_f(x, x_dtype, base + i) : 0.f;
-            w[k] = i < n ? load_f(weight, w_dtype, i) : 0.f;
+            w[k] = c0 == 0 ? w_first[k] : i < n ? load_f(weight, w_dtype, i) : 0.f;
         }
 #pragma unroll
         for (int k = 0; k < kNormPerThread; ++k) {
@@ -92,17 +101,20 @@ __global__ void rmsnorm_kernel(void* x /*[rows, n]*/, int x_dtype, const void* d
 constexpr int kRopeHeads = 8;
 
 __global__ void rope_kernel(void* x /*[T, heads, head_dim]*/, int dtype, const int32_t* positions /*[T]*/,
-                            int64_t heads, int64_t head_dim, int rotary_dim, float theta) {
-    pdl_begin();
+                            int64_t heads, int64_t head_dim, int rotary_dim, float theta, int early) {
+    if (!early) pdl_begin();
     const int half = rotary_dim / 2;
     const int64_t t = blockIdx.x;
     const int64_t p = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;  // (head group, j)
     const int j = int(p % half);
     const int64_t h0 = p / half * kRopeHeads;
     if (h0 >= heads) return;
+    // The angle depends only on positions, which the host writes (backend_abi.h): the f64 pow and
+    // sincos (~1 µs of dependent math) run before pdl_wait, while the previous kernel finishes.
     const double inv_freq = pow(double(theta), -2.0 * j / double(rotary_dim));
     double s, co;
     sincos(double(positions[t]) * inv_freq, &s, &co);
+    pdl_begin();
     float lo[kRopeHeads], hi[kRopeHeads];
 #pragma unroll
     for (int k = 0; k < kRopeHeads; ++k) {
@@ -214,7 +226,7 @@ int op_rmsnorm(Context* c, const xinfer_op* op, bool run) {
     if (!run || rows == 0) return XINFER_OK;
     return launch_pdl(c, "rmsnorm_kernel", rmsnorm_kernel, dim3(unsigned(rows)), dim3(norm_threads(n)), 0, x.data,
                       x.dtype, static_cast<const void*>(nullptr), 0, w.data, w.dtype, n, op->params.norm.eps, out.data,
-                      out.dtype);
+                      out.dtype, int(early_reads()));
 }
 
 int op_add_rmsnorm(Context* c, const xinfer_op* op, bool run) {
@@ -227,7 +239,7 @@ int op_add_rmsnorm(Context* c, const xinfer_op* op, bool run) {
     if (!run || rows == 0) return XINFER_OK;
     return launch_pdl(c, "rmsnorm_kernel(add)", rmsnorm_kernel, dim3(unsigned(rows)), dim3(norm_threads(n)), 0,
                       residual.data, residual.dtype, static_cast<const void*>(x.data), x.dtype, w.data, w.dtype, n,
-                      op->params.norm.eps, out.data, out.dtype);
+                      op->params.norm.eps, out.data, out.dtype, int(early_reads()));
 }
 
 int op_rope(Context* c, const xinfer_op* op, bool run) {
@@ -246,7 +258,7 @@ int op_rope(Context* c, const xinfer_op* op, bool run) {
     const int64_t pairs = ceil_div(x.shape[1], kRopeHeads) * (rotary_dim / 2);
     return launch_pdl(c, "rope_kernel", rope_kernel, dim3(unsigned(T), unsigned(ceil_div(pairs, 64))), dim3(64), 0,
                       x.data, x.dtype, static_cast<const int32_t*>(positions.data), x.shape[1], x.shape[2],
-                      rotary_dim, op->params.rope.theta);
+                      rotary_dim, op->params.rope.theta, int(early_reads()));
 }
 
 int op_swiglu(Context* c, const xinfer_op* op, bool run) {
