@@ -5,9 +5,10 @@ scripts/gpu-kernel-times.sh runs `xinfer bench` under
     ncu --metrics gpu__time_duration.sum --csv --clock-control none --cache-control none
 and hands the log here. Every engine step starts with the token embedding followed by layer 0's
 rmsnorm, so the launches from one such pair to the next are one step (lm_head and token pick
-included); the prefill is the step with the most device time, and the last full step after it
-(the most kernels among the later ones) is the decode step reported: time per kernel (name,
-grid), calls, and the step's total.
+included); the prefills are the steps with more than a quarter of the largest step's device time
+(`xinfer bench` runs an untimed prefill first, then the timed one), and the last full step after
+the last prefill (the most kernels among the later ones) is the decode step reported: time per
+kernel (name, grid), calls, and the step's total.
 
 Why ncu and not `xinfer bench --profile`: the trace's per-op device times are distances between
 CUDA events, which add ~4 µs per op and so swamp kernels of 2-10 µs (session 4, docs/perf).
@@ -81,7 +82,8 @@ def main():
             sys.exit(f"--step {args.step}: the log has steps 0..{len(steps) - 1}")
         decode = args.step
     else:
-        later = list(range(prefill + 1, len(steps)))
+        last_prefill = max(i for i in range(len(steps)) if totals[i] > totals[prefill] / 4)
+        later = list(range(last_prefill + 1, len(steps)))
         if not later:
             sys.exit("no step after the prefill: run at least two decode tokens")
         most = max(len(steps[i]) for i in later)
