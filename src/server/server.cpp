@@ -320,8 +320,11 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res)
 std::vector<int32_t> Server::Impl::end_of_turn_ids() const {
     std::vector<int32_t> ids;
     for (const char* token : {"<|im_end|>", "<|endoftext|>"}) {
-        const std::vector<int32_t> encoded = engine.encode(token);
-        if (encoded.size() == 1) ids.push_back(encoded[0]);
+        try {
+            const std::vector<int32_t> encoded = engine.encode(token);
+            if (encoded.size() == 1) ids.push_back(encoded[0]);
+        } catch (const std::exception&) {  // a vocabulary that cannot spell it does not have it as a token
+        }
     }
     return ids;
 }
