@@ -46,6 +46,14 @@ TEST(ServeCli, AnswersAndShutsDownOnSigterm) {
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 200) << res->body;
     EXPECT_EQ(nlohmann::json::parse(res->body)["usage"]["completion_tokens"], 4);
+    // The chat template follows the architecture (Qwen3ForCausalLM); this fixture has no
+    // tokenizer.json, which the chat route says.
+    EXPECT_NE(output.find("[chat template: qwen3]"), std::string::npos) << output;
+    const auto chat = client.Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})",
+                                  "application/json");
+    ASSERT_TRUE(chat);
+    EXPECT_EQ(chat->status, 400);
+    EXPECT_NE(chat->body.find("tokenizer.json"), std::string::npos) << chat->body;
 
     kill(pid, SIGTERM);
     while (!(line = read_line(pipe)).empty() || !feof(pipe)) output += line + "\n";
@@ -58,6 +66,18 @@ TEST(ServeCli, AnswersAndShutsDownOnSigterm) {
     ASSERT_FALSE(parsed.is_discarded());
     EXPECT_FALSE(parsed["traceEvents"].empty());
     std::filesystem::remove(trace);
+}
+
+TEST(ServeCli, UnknownChatTemplateIsRefused) {
+    const std::string command = XINFER_BINARY " serve --model " + fixture_dir("qwen3_f32").string() +
+                                " --port 0 --chat-template jinja 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_TRUE(pipe);
+    std::string output;
+    for (int c; (c = fgetc(pipe)) != EOF;) output += char(c);
+    EXPECT_NE(WEXITSTATUS(pclose(pipe)), 0) << output;
+    EXPECT_NE(output.find("--chat-template jinja: unknown; the built-in templates are qwen3, mimo"), std::string::npos)
+        << output;
 }
 
 }  // namespace
