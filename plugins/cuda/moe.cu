@@ -424,6 +424,8 @@ __device__ int moe_block_plan(const int32_t* ids, int P, int E, int* cnt /*[E]*/
 
 // Shared memory of the plan, in ints (the down kernel adds its [P, 16] f32 partials after it).
 __host__ __device__ inline int64_t moe_plan_ints(int64_t P, int64_t E) { return 2 * E + P + (P < E ? P : E); }
+// Where the cp.async rings start (after the plan, and the down kernel's [P, 16] partials): 16-byte aligned.
+__host__ __device__ inline int64_t moe_ring_offset_ints(int64_t P, int64_t E) { return (moe_plan_ints(P, E) + 3) / 4 * 4; }
 
 // Each lane's 16 bytes are a quarter of a 64-byte run of one weight row (8 rows per warp load), so
 // the load asks L2 for the whole 128-byte line: the next load of the lane's quad finds the other
@@ -533,17 +535,59 @@ __device__ __forceinline__ void stream_rounds(int64_t begin, int64_t end, int64_
     }
 }
 
+// The same stream staged through shared memory: a round is M 16-byte loads per lane (Round is
+// uint4[M]); cp.async copies them into the warp's ring of kRing slots, laid out [slot][m][lane] so
+// that a lane's read-back is conflict-free, and the lane reads back only what it copied itself (no
+// barrier). kRing - 1 rounds stay in flight per warp without holding registers: the register
+// paths above keep at most two rounds, and their warps sat on long-scoreboard stalls at a quarter
+// occupancy (ncu, FP8 experts, session 6). src(m, kb) is load m's address, or null (zero).
+__device__ __forceinline__ void cp_async16_or_zero(uint4* dst, const void* src) {
+    if (!src) {
+        *dst = make_uint4(0, 0, 0, 0);  // read back by this lane only: ordered after this store
+        return;
+    }
+    const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+template <int kRing, int M, typename Round, typename Src, typename Use>
+__device__ __forceinline__ void stream_rounds_ring(int64_t begin, int64_t end, int64_t step, uint4* ring /*[kRing][M][32]*/,
+                                                   int lane, const Src& src, const Use& use_round) {
+    static_assert(sizeof(Round) == M * 16, "a round is M 16-byte loads");
+    const auto issue = [&](int slot, int64_t kb) {
+        if (kb < end)
+#pragma unroll
+            for (int m = 0; m < M; ++m) cp_async16_or_zero(ring + (slot * M + m) * 32 + lane, src(m, kb));
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    // Round i lives in slot i % kRing; rounds 0 .. kRing - 2 go out first.
+#pragma unroll
+    for (int d = 0; d < kRing - 1; ++d) issue(d, begin + d * step);
+    int slot = 0;
+    for (int64_t kb = begin; kb < end; kb += step) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(kRing - 2));  // round i has landed
+        // Round i + kRing - 1 into the slot that round i - 1 used (read back last iteration).
+        issue(slot == 0 ? kRing - 1 : slot - 1, kb + (kRing - 1) * step);
+        Round w;
+        uint4* wv = reinterpret_cast<uint4*>(&w);
+#pragma unroll
+        for (int m = 0; m < M; ++m) wv[m] = ring[(slot * M + m) * 32 + lane];
+        use_round(w, kb);
+        slot = slot + 1 == kRing ? 0 : slot + 1;
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+
 // Programmatic dependent launch (launch_pdl): gate_up waits for the router before it reads the
 // ids and lets the down kernel launch at once; down builds its plan from the ids (complete: the
 // router finished before gate_up passed its wait) and waits for gate_up's grid before reading h.
 
-template <bool kFp8, int kNT, int kU, bool kPipe>
+template <bool kFp8, int kNT, int kU, bool kPipe, int kRing>
 __global__ void __launch_bounds__(kGateWarps * 32, 2)
     moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
                                const void* gate_up /*[E, 2I, H]*/, const float* scale /*[E, srows, scols] or null*/,
                                int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
                                int64_t H, __nv_bfloat16* h_out /*[P, I]*/) {
-    extern __shared__ int plan_smem[];
+    extern __shared__ __align__(16) int plan_smem[];
     // The second half of the warps' partial sums (the half of H they streamed), per 16-row tile.
     __shared__ float partner[kGateTiles][kNT][8][32];
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
@@ -587,18 +631,17 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
         struct Round {
             uint4 g0[kU], g1[kU], u0[kU], u1[kU];
         };
+        const char* const rows[4] = {gate0, gate1, up0, up1};  // Round's member order
+        const auto src = [&](int m, int64_t kb) -> const char* {  // load m = (row m / kU, chunk m % kU)
+            const int64_t col = kb + (m % kU) * kChunk + c * kLaneCols;
+            return col < H ? rows[m / kU] + col * kBytes : nullptr;
+        };
         const auto load_round = [&](Round& w, int64_t kb) {
+            uint4* wv = reinterpret_cast<uint4*>(&w);
 #pragma unroll
-            for (int u = 0; u < kU; ++u) {
-                const int64_t col = kb + u * kChunk + c * kLaneCols;
-                if (col < H) {
-                    w.g0[u] = load_stream16(gate0 + col * kBytes);
-                    w.g1[u] = load_stream16(gate1 + col * kBytes);
-                    w.u0[u] = load_stream16(up0 + col * kBytes);
-                    w.u1[u] = load_stream16(up1 + col * kBytes);
-                } else {
-                    w.g0[u] = w.g1[u] = w.u0[u] = w.u1[u] = make_uint4(0, 0, 0, 0);
-                }
+            for (int m = 0; m < 4 * kU; ++m) {
+                const char* p = src(m, kb);
+                wv[m] = p ? load_stream16(p) : make_uint4(0, 0, 0, 0);
             }
         };
         const auto use_round = [&](const Round& w, int64_t kb) {
@@ -636,7 +679,12 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                 }
             }
         };
-        if (active) stream_rounds<kPipe, Round>(half * kStep, H, 2 * kStep, load_round, use_round);
+        if constexpr (kRing > 0) {
+            uint4* ring = reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E)) + warp * kRing * 4 * kU * 32;
+            if (active) stream_rounds_ring<kRing, 4 * kU, Round>(half * kStep, H, 2 * kStep, ring, lane, src, use_round);
+        } else if (active) {
+            stream_rounds<kPipe, Round>(half * kStep, H, 2 * kStep, load_round, use_round);
+        }
         if (half == 1) {
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt)
@@ -667,14 +715,14 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     }
 }
 
-template <bool kFp8, int kNT, int kU, bool kPipe>
+template <bool kFp8, int kNT, int kU, bool kPipe, int kRing>
 __global__ void __launch_bounds__(kDownWarps * 32, 2)
     moe_grouped_down_kernel(const __nv_bfloat16* h /*[P, I]*/, const int32_t* ids /*[T, top_k]*/,
                             const float* weights /*[T, top_k]*/, int T, int top_k, int E,
                             const void* down /*[E, H, I]*/, const float* scale /*[E, srows, scols] or null*/,
                             int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
                             int64_t H, void* out /*[T, H]*/, int out_dtype) {
-    extern __shared__ int plan_smem[];
+    extern __shared__ __align__(16) int plan_smem[];
     const int P = T * top_k;
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
     float* part = reinterpret_cast<float*>(plan_smem + moe_plan_ints(P, E));  // [P, 16]
@@ -705,16 +753,16 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
             struct Round {  // kU chunks of the tile's rows g and g + 8
                 uint4 r0[kU], r1[kU];
             };
+            const auto src = [&](int m, int64_t kb) -> const char* {  // load m = (row m / kU, chunk m % kU)
+                const int64_t col = kb + (m % kU) * kChunk + c * kLaneCols;
+                return col < I ? (m < kU ? w0 : w1) + col * kBytes : nullptr;
+            };
             const auto load_round = [&](Round& w, int64_t kb) {
+                uint4* wv = reinterpret_cast<uint4*>(&w);
 #pragma unroll
-                for (int u = 0; u < kU; ++u) {
-                    const int64_t col = kb + u * kChunk + c * kLaneCols;
-                    if (col < I) {
-                        w.r0[u] = load_stream16(w0 + col * kBytes);
-                        w.r1[u] = load_stream16(w1 + col * kBytes);
-                    } else {
-                        w.r0[u] = w.r1[u] = make_uint4(0, 0, 0, 0);
-                    }
+                for (int m = 0; m < 2 * kU; ++m) {
+                    const char* p = src(m, kb);
+                    wv[m] = p ? load_stream16(p) : make_uint4(0, 0, 0, 0);
                 }
             };
             const auto use_round = [&](const Round& w, int64_t kb) {
@@ -743,7 +791,13 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                     }
                 }
             };
-            stream_rounds<kPipe, Round>(0, I, int64_t(kChunk) * kU, load_round, use_round);
+            if constexpr (kRing > 0) {
+                uint4* ring = reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E) + P * 16) +
+                              warp * kRing * 2 * kU * 32;
+                stream_rounds_ring<kRing, 2 * kU, Round>(0, I, int64_t(kChunk) * kU, ring, lane, src, use_round);
+            } else {
+                stream_rounds<kPipe, Round>(0, I, int64_t(kChunk) * kU, load_round, use_round);
+            }
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -816,17 +870,52 @@ struct GroupedArgs {
     int out_dtype;
 };
 
+// FP8 experts with one token tile (batch-1 decode, verification) stream through the shared-memory
+// rings (stream_rounds_ring): H200, ops-test --perf, 8 experts, one run: T = 1 80.9 -> 67.8 µs,
+// T = 2 81.9 -> 71.3 µs, T = 8 83.6 -> 79.2 µs. bf16 lost there (T = 1 111 -> 129 µs: its rounds
+// are twice the bytes, so fewer fit), and keeps the register paths. XINFER_CUDA_MOE_RING=0 turns
+// the rings off.
+bool moe_ring_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_MOE_RING", true);
+    return enabled;
+}
+
+template <typename Kernel>
+int allow_smem(Context* c, Kernel kernel, size_t smem) {
+    if (smem > 48 * 1024) XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return XINFER_OK;
+}
+
+// FP8 ring shapes: kU chunks per round, kRing slots per warp; 8 KB of ring per warp, so that two
+// blocks of 8 warps fit an SM.
+struct GateUpRing {
+    static constexpr int kU = 1, kRing = 4;
+    static constexpr size_t kBytes = size_t(kGateWarps) * kRing * 4 * kU * 32 * 16;
+};
+struct DownRing {
+    static constexpr int kU = 2, kRing = 4;
+    static constexpr size_t kBytes = size_t(kDownWarps) * kRing * 2 * kU * 32 * 16;
+};
+
 template <bool kFp8, int kNT>
 int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     constexpr int kU = kNT == 1 || (kNT == 2 && !kFp8) ? 4 : 2;  // 16-byte loads per row in flight (registers)
     const int P = a.T * a.top_k;
-    const size_t smem = size_t(moe_plan_ints(P, a.E)) * 4;
+    size_t smem = size_t(moe_plan_ints(P, a.E)) * 4;
     const dim3 grid(unsigned(ceil_div(a.I, 16 * kGateTiles)), unsigned(std::min(P, a.E)));
-    auto kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kU, false>;
-    // Pipelined (see moe_pipeline_enabled): two register sets of half the loads; fp8's widening
-    // needs registers of its own, so it keeps one chunk per round.
-    if constexpr (kNT == 1)
-        if (moe_pipeline_enabled()) kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kFp8 ? 1 : kU / 2, true>;
+    auto kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kU, false, 0>;
+    if constexpr (kNT == 1) {
+        if (kFp8 && moe_ring_enabled()) {
+            using R = GateUpRing;
+            kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing>;
+            smem = size_t(moe_ring_offset_ints(P, a.E)) * 4 + R::kBytes;
+        } else if (moe_pipeline_enabled()) {
+            // Pipelined (see moe_pipeline_enabled): two register sets of half the loads; fp8's
+            // widening needs registers of its own, so it keeps one chunk per round.
+            kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kFp8 ? 1 : kU / 2, true, 0>;
+        }
+    }
+    if (int rc = allow_smem(c, kernel, smem)) return rc;
     return launch_pdl(c, "moe_grouped_gate_up_kernel", kernel, grid,
                       dim3(kGateWarps * 32), smem, a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale,
                       a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h);
@@ -836,10 +925,18 @@ template <bool kFp8, int kNT>
 int launch_grouped_down(Context* c, const GroupedArgs& a) {
     constexpr int kU = kNT == 1 ? 8 : kNT == 2 ? 4 : 2;
     const int P = a.T * a.top_k;
-    const size_t smem = size_t(moe_plan_ints(P, a.E)) * 4 + size_t(P) * 16 * 4;
-    auto kernel = moe_grouped_down_kernel<kFp8, kNT, kU, false>;
-    if constexpr (kNT == 1)
-        if (moe_pipeline_enabled()) kernel = moe_grouped_down_kernel<kFp8, kNT, kU / (kFp8 ? 4 : 2), true>;
+    size_t smem = size_t(moe_plan_ints(P, a.E)) * 4 + size_t(P) * 16 * 4;
+    auto kernel = moe_grouped_down_kernel<kFp8, kNT, kU, false, 0>;
+    if constexpr (kNT == 1) {
+        if (kFp8 && moe_ring_enabled()) {
+            using R = DownRing;
+            kernel = moe_grouped_down_kernel<kFp8, kNT, R::kU, false, R::kRing>;
+            smem = size_t(moe_ring_offset_ints(P, a.E)) * 4 + size_t(P) * 16 * 4 + R::kBytes;
+        } else if (moe_pipeline_enabled()) {
+            kernel = moe_grouped_down_kernel<kFp8, kNT, kU / (kFp8 ? 4 : 2), true, 0>;
+        }
+    }
+    if (int rc = allow_smem(c, kernel, smem)) return rc;
     return launch_pdl(c, "moe_grouped_down_kernel", kernel,
                       dim3(unsigned(ceil_div(a.H, 16))), dim3(kDownWarps * 32), smem,
                       static_cast<const __nv_bfloat16*>(a.h), a.ids, a.weights, a.T, a.top_k, a.E, a.down,

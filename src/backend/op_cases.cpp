@@ -760,6 +760,10 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_experts_fp8_case(5, 192, 320, 16, 3, 64, 64, ++seed));
     cases.push_back(moe_experts_fp8_case(3, 256, 96, 8, 8, 128, 48, ++seed));
     cases.push_back(moe_experts_fp8_case(20, 256, 96, 8, 8, 128, 48, ++seed));
+    // Streams of many more rounds than the kernels keep in flight (moe.cu's shared-memory rings
+    // refill their slots; the register paths alternate two sets).
+    cases.push_back(moe_experts_fp8_case(2, 1152, 640, 8, 4, 128, 128, ++seed));
+    cases.push_back(moe_experts_case(2, 1032, 520, 8, 4, bf16, ++seed));
     // Prefill-sized batches (≥ 2,048 pairs: one cuBLASLt GEMM per expert on cuda, FP8 experts
     // widened to bf16 first).
     cases.push_back(moe_experts_case(300, 264, 136, 8, 8, bf16, ++seed));
