@@ -764,6 +764,8 @@ std::vector<OpCase> correctness_cases() {
     // refill their slots; the register paths alternate two sets).
     cases.push_back(moe_experts_fp8_case(2, 1152, 640, 8, 4, 128, 128, ++seed));
     cases.push_back(moe_experts_case(2, 1032, 520, 8, 4, bf16, ++seed));
+    cases.push_back(moe_experts_fp8_case(24, 1152, 640, 8, 4, 128, 128, ++seed));  // 4 token tiles
+    cases.push_back(moe_experts_case(24, 1032, 520, 8, 4, bf16, ++seed));
     // Prefill-sized batches (≥ 2,048 pairs: one cuBLASLt GEMM per expert on cuda, FP8 experts
     // widened to bf16 first).
     cases.push_back(moe_experts_case(300, 264, 136, 8, 8, bf16, ++seed));
