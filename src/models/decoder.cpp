@@ -83,6 +83,17 @@ Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::
     if (options_.dummy) {
         Tensor t = allocate(keep_f32 ? DType::f32 : dummy_matrix_dtype(), shape);
         fill_dummy(t, name.ends_with("norm.weight"));
+        if (name.ends_with("e_score_correction_bias")) {
+            // Zero, as transformers initialises it. A random bias as wide as the spread of the
+            // router's scores sends most tokens to the same few experts (a small MiMo shape with
+            // 32 experts at concurrency 8: 22.9 experts touched per layer where uniform routing
+            // touches 28.8; zero bias: 28.4), which a trained model's load balancing, the purpose
+            // of this bias, does not do.
+            XINFER_CHECK(t.dtype == DType::f32, "router bias {} is not f32", name);
+            const std::vector<float> zeros(size_t(t.numel()), 0.f);
+            backend_.upload(t, zeros.data());
+            backend_.synchronize();  // `zeros` dies here; uploads may be stream-ordered
+        }
         return t;
     }
     const bool host_memory = backend_.props().host_memory != 0;

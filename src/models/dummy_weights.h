@@ -11,7 +11,9 @@ namespace xinfer {
 
 // Fills `t` (on `backend`) with deterministic random values: uniform in ±1/sqrt(cols) for
 // matrices (keeps activations O(1) through the layers), 1 ± 0.1 for norm weights. `stream`
-// picks the values (callers pass a seed mixed with a per-tensor counter).
+// picks the values (callers pass a seed mixed with a per-tensor counter). (The decoder then
+// zeroes the routers' correction biases, so that dummy models route about uniformly:
+// tests/models/test_dummy_routing.cpp.)
 //
 // Host-memory backends get an independent value per element. On accelerators a tensor larger
 // than one tile (2^20 elements) gets one random tile, uploaded once and replicated on the device
