@@ -106,6 +106,12 @@ if [ $engine = 1 ]; then
             # The grouped expert kernels' whole rounds (still the path with more than one token tile).
             ops_test_with XINFER_CUDA_MOE_PIPELINE=0 ops-test-moe-unpipelined.log "unpipelined rounds" \
                 --op moe_experts
+            # FP8 experts with one token tile stream through shared-memory rings; their pipelined
+            # register path stays the fallback.
+            ops_test_with XINFER_CUDA_MOE_RING=0 ops-test-moe-no-ring.log "register rounds" --op moe_experts
+            # Kernels that read host-written inputs and older keys before pdl_wait, in the old order.
+            ops_test_with XINFER_CUDA_EARLY_READS=0 ops-test-late-reads.log "reads after pdl_wait" \
+                --op attention,rmsnorm,add_rmsnorm,rope,kv_store
         fi
     else
         note "SKIP  xinfer ops-test --backend cuda (not in tools/ yet)"
