@@ -871,10 +871,11 @@ struct GroupedArgs {
 };
 
 // FP8 experts with one token tile (batch-1 decode, verification) stream through the shared-memory
-// rings (stream_rounds_ring): H200, ops-test --perf, 8 experts, one run: T = 1 80.9 -> 67.8 µs,
-// T = 2 81.9 -> 71.3 µs, T = 8 83.6 -> 79.2 µs. bf16 lost there (T = 1 111 -> 129 µs: its rounds
-// are twice the bytes, so fewer fit), and keeps the register paths. XINFER_CUDA_MOE_RING=0 turns
-// the rings off.
+// rings (stream_rounds_ring): H200, ops-test --perf, 8 experts, one run: T = 1 80.9 -> 69.0 µs,
+// T = 2 81.5 -> 72.0 µs, T = 8 83.5 -> 79.0 µs; FP8 batch-1 decode 44.1 -> 45.4% of copy. bf16 lost
+// (T = 1 111 -> 129 µs: its rounds are twice the bytes), and so did several token tiles (serving
+// batches; docs/perf/2026-11-30-h200-session7.md): those keep the register paths.
+// XINFER_CUDA_MOE_RING=0 turns the rings off.
 bool moe_ring_enabled() {
     static const bool enabled = env_flag("XINFER_CUDA_MOE_RING", true);
     return enabled;
