@@ -47,6 +47,25 @@ void append_python_repr(std::string& out, const std::string& s) {
     out += quote;
 }
 
+// A list or dict as both writers lay it out: items separated by ", ", a dict's keys followed by
+// ": ", in insertion order; `key` and `item` write a key and a value.
+template <typename Key, typename Item>
+void append_container(std::string& out, const ojson& v, const Key& key, const Item& item) {
+    const bool dict = v.is_object();
+    out += dict ? '{' : '[';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+        if (!first) out += ", ";
+        first = false;
+        if (dict) {
+            key(it.key());
+            out += ": ";
+        }
+        item(it.value());
+    }
+    out += dict ? '}' : ']';
+}
+
 void append_dumps(std::string& out, const ojson& v) {
     switch (v.type()) {
         case ojson::value_t::null: out += "null"; break;
@@ -62,30 +81,12 @@ void append_dumps(std::string& out, const ojson& v) {
             break;
         }
         case ojson::value_t::string: append_json_string(out, v.get_ref<const std::string&>()); break;
-        case ojson::value_t::array: {
-            out += '[';
-            bool first = true;
-            for (const ojson& e : v) {
-                if (!first) out += ", ";
-                first = false;
-                append_dumps(out, e);
-            }
-            out += ']';
+        case ojson::value_t::array:
+        case ojson::value_t::object:
+            append_container(
+                out, v, [&](const std::string& key) { append_json_string(out, key); },
+                [&](const ojson& item) { append_dumps(out, item); });
             break;
-        }
-        case ojson::value_t::object: {
-            out += '{';
-            bool first = true;
-            for (auto it = v.begin(); it != v.end(); ++it) {
-                if (!first) out += ", ";
-                first = false;
-                append_json_string(out, it.key());
-                out += ": ";
-                append_dumps(out, it.value());
-            }
-            out += '}';
-            break;
-        }
         default: out += "null"; break;  // binary / discarded: not produced by a JSON parse
     }
 }
@@ -106,30 +107,12 @@ void append_str(std::string& out, const ojson& v, bool nested) {
             if (nested) append_python_repr(out, v.get_ref<const std::string&>());
             else out += v.get_ref<const std::string&>();
             break;
-        case ojson::value_t::array: {
-            out += '[';
-            bool first = true;
-            for (const ojson& e : v) {
-                if (!first) out += ", ";
-                first = false;
-                append_str(out, e, true);
-            }
-            out += ']';
+        case ojson::value_t::array:
+        case ojson::value_t::object:
+            append_container(
+                out, v, [&](const std::string& key) { append_python_repr(out, key); },
+                [&](const ojson& item) { append_str(out, item, true); });
             break;
-        }
-        case ojson::value_t::object: {
-            out += '{';
-            bool first = true;
-            for (auto it = v.begin(); it != v.end(); ++it) {
-                if (!first) out += ", ";
-                first = false;
-                append_python_repr(out, it.key());
-                out += ": ";
-                append_str(out, it.value(), true);
-            }
-            out += '}';
-            break;
-        }
         default: append_dumps(out, v); break;  // integers
     }
 }
