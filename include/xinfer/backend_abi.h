@@ -102,10 +102,10 @@ typedef enum xinfer_op_type {
 
 /* Per-step paged-KV metadata shared by KV_STORE and ATTENTION (one per layer group).
    What a backend may rely on to start an op before the previous one on its stream has finished:
-   these tensors are written by the host before the forward, never by an op; and the cache rows of
-   a sequence's keys before kv_len - q_len (its own tokens) were stored by earlier forwards, since a
-   forward's KV_STORE writes only its own tokens' slots. (The CUDA plugin's decode attention reads
-   those keys while the KV_STORE before it still runs.) */
+   these tensors are written by the host before the forward, never by an op; and a sequence's
+   tokens are its newest keys (kv_len - q_len .. kv_len - 1, in order; xinfer's batch builders
+   check it), so a forward's KV_STORE never rewrites an older key: those were stored by earlier
+   forwards. (The CUDA plugin's decode attention reads them while the KV_STORE before it runs.) */
 typedef struct xinfer_attention_batch {
     int32_t n_seqs;
     int32_t max_pages_per_seq;

@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 
 #include "backend/op_desc.h"
+#include "core/status.h"
 
 #include <chrono>
 
@@ -36,6 +37,22 @@ Backend::Backend(const xinfer_backend_api* api, int device, std::string label) :
 
 Backend::~Backend() {
     if (ctx_) api_->context_destroy(ctx_);
+}
+
+void check_tokens_are_newest_keys(const std::vector<int32_t>& cu_q_lens, const std::vector<int32_t>& kv_lens,
+                                  const std::vector<int32_t>& positions) {
+    XINFER_CHECK(cu_q_lens.size() == kv_lens.size() + 1 && size_t(cu_q_lens.back()) == positions.size(),
+                 "attention batch: {} row offsets, {} kv lengths, {} positions", cu_q_lens.size(), kv_lens.size(),
+                 positions.size());
+    for (size_t s = 0; s < kv_lens.size(); ++s) {
+        const int32_t first = kv_lens[s] - (cu_q_lens[s + 1] - cu_q_lens[s]);
+        for (int32_t t = cu_q_lens[s]; t < cu_q_lens[s + 1]; ++t)
+            XINFER_CHECK(positions[size_t(t)] == first + (t - cu_q_lens[s]),
+                         "attention batch: sequence {} token {} is at position {}, not {} (its tokens must be its "
+                         "newest keys, kv_len {} - q_len {} on)",
+                         s, t - cu_q_lens[s], positions[size_t(t)], first + (t - cu_q_lens[s]), kv_lens[s],
+                         cu_q_lens[s + 1] - cu_q_lens[s]);
+    }
 }
 
 void Backend::check(int status, const char* what) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace xinfer {
 
@@ -52,6 +53,15 @@ struct AttentionBatch {
     // several layers (src/kv/kv_layout.h); the cache tensors then point at page 0 of the layer.
     int64_t page_stride = 0;
 };
+
+// What backend_abi.h promises backends about a batch (xinfer_attention_batch): each sequence's
+// tokens are its newest keys, kv_len - q_len .. kv_len - 1 in order, so a forward's KV_STORE writes
+// no older key and a backend may read those before the previous op has finished (the CUDA
+// decode attention does). The batch builders call this on their host vectors; it throws naming
+// the sequence and token when the promise would be broken.
+void check_tokens_are_newest_keys(const std::vector<int32_t>& cu_q_lens /*[n_seqs + 1]*/,
+                                  const std::vector<int32_t>& kv_lens /*[n_seqs]*/,
+                                  const std::vector<int32_t>& positions /*[n_tokens]*/);
 
 struct RouterParams {
     enum class Scoring { softmax, sigmoid };

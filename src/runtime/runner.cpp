@@ -164,6 +164,7 @@ Tensor Runner::forward_on_device(std::span<const SequenceChunk> chunks, const Ta
         kv_lens.push_back(int32_t(kv_len));
     }
     const int n_tokens = int(token_ids.size()), n_seqs = int(chunks.size());
+    check_tokens_are_newest_keys(cu_q_lens, kv_lens, positions);
 
     // Host metadata → backend tensors in the step workspace. Uploads are stream-ordered, so
     // the host vectors are kept until the step's synchronize (in download_logits/argmax_rows).

@@ -337,6 +337,7 @@ void DFlashDrafter::observe(const TargetHidden& hidden) {
     host_metadata_.clear();
     const int64_t n = int64_t(row_ids.size()), hidden_size = c.hidden_size, n_kv = c.n_kv_heads, d = c.head_dim;
     Tensor ids = upload_i32(std::move(row_ids), {n});
+    check_tokens_are_newest_keys(cu_q_lens, kv_lens, positions);
     Tensor pos = upload_i32(std::move(positions), {n});
     const std::vector<AttentionBatch> batches = make_batches(rows, seqs, cu_q_lens, kv_lens, pos);
 
@@ -433,6 +434,7 @@ std::vector<std::vector<int32_t>> DFlashDrafter::propose(std::span<const DraftRe
     const int64_t n_out = int64_t(out_rows.size());
     Tensor anchor_ids = upload_i32(std::move(anchors), {n_active});
     Tensor gather_ids = upload_i32(std::move(gather), {n_tokens});
+    check_tokens_are_newest_keys(cu_q_lens, kv_lens, positions);
     Tensor pos = upload_i32(std::move(positions), {n_tokens});
     Tensor out_ids = upload_i32(std::move(out_rows), {n_out});
     const std::vector<AttentionBatch> batches = make_batches(rows, seqs, cu_q_lens, kv_lens, pos);

@@ -269,6 +269,7 @@ std::vector<int32_t> MtpDrafter::run_head(int head, const HeadBatch& batch, cons
         kv_lens.push_back(int32_t(batch.first_slot[size_t(s)] + batch.n_rows[size_t(s)]));
     }
     const int64_t n_out = int64_t(logit_rows.size());
+    check_tokens_are_newest_keys(cu, kv_lens, slots_pos);
     AttentionBatch ab;
     ab.n_seqs = n_seqs;
     ab.max_pages_per_seq = int(max_pages);
