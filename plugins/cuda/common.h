@@ -166,7 +166,7 @@ int op_add(Context* c, const xinfer_op* op, bool run);
 int op_convert(Context* c, const xinfer_op* op, bool run);
 // gemm.cu
 int op_matmul(Context* c, const xinfer_op* op, bool run);
-// moe.cu
+// moe_route.cu, moe.cu
 int op_moe_route(Context* c, const xinfer_op* op, bool run);
 int op_moe_experts(Context* c, const xinfer_op* op, bool run);
 // attention.cu
