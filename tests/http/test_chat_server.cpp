@@ -141,6 +141,14 @@ struct ScriptedModel {
     std::vector<int32_t> continuation;  // the reply's tokens and the end token
 };
 
+// Engine options for a scripted model directory, on the test device.
+EngineOptions engine_options(const ScriptedModel& m) {
+    EngineOptions options;
+    options.model_dir = m.dir.path().string();
+    options.device = test_device();
+    return options;
+}
+
 void script_model(ScriptedModel& m, const std::string& fixture, const std::string& chat_template, const json& request,
                   const std::string& reply) {
     std::filesystem::copy(fixture_dir(fixture), m.dir.path(), std::filesystem::copy_options::recursive);
@@ -151,9 +159,7 @@ void script_model(ScriptedModel& m, const std::string& fixture, const std::strin
     const std::string prompt_text = make_chat_template(chat_template)->render(parsed.request.conversation);
 
     // The prompt id with the longest run of distinct greedy tokens after it.
-    EngineOptions options;
-    options.model_dir = m.dir.path().string();
-    options.device = test_device();
+    EngineOptions options = engine_options(m);
     std::vector<int32_t> generated;
     size_t usable = 0;
     {
@@ -325,9 +331,7 @@ TEST(ChatSpeculation, Qwen3ToolCallWithAndWithoutSpeculation) {
     expected.finish_reason = "tool_calls";
     expected.completion_tokens = int64_t(m.continuation.size());
 
-    EngineOptions options;
-    options.model_dir = m.dir.path().string();
-    options.device = test_device();
+    EngineOptions options = engine_options(m);
     std::unique_ptr<Engine> plain = Engine::create(options);
     expect_reply(*plain, "qwen3", weather_request(), expected, "no speculation");
     options.speculative_config = R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1})";
@@ -367,9 +371,7 @@ TEST(ChatSpeculation, MiMoXmlToolCallWithMtpAndDFlash) {
         script_model(m, "mimo_mtp_f32", "mimo", weather_request(), reply);
         if (HasFatalFailure()) return;
         expected.completion_tokens = int64_t(m.continuation.size());
-        EngineOptions options;
-        options.model_dir = m.dir.path().string();
-        options.device = test_device();
+        EngineOptions options = engine_options(m);
         std::unique_ptr<Engine> plain = Engine::create(options);
         expect_reply(*plain, "mimo", weather_request(), expected, "mimo, no speculation");
         options.speculative_config = R"({"method": "mtp", "num_speculative_tokens": 3})";
@@ -385,9 +387,7 @@ TEST(ChatSpeculation, MiMoXmlToolCallWithMtpAndDFlash) {
         script_model(m, "mimo_native_f32", "mimo", weather_request(), reply);
         if (HasFatalFailure()) return;
         expected.completion_tokens = int64_t(m.continuation.size());
-        EngineOptions options;
-        options.model_dir = m.dir.path().string();
-        options.device = test_device();
+        EngineOptions options = engine_options(m);
         options.speculative_config =
             json({{"method", "dflash"}, {"model", fixture_dir("dflash_zlab").string()}}).dump();
         std::unique_ptr<Engine> dflash = Engine::create(options);
@@ -401,9 +401,7 @@ TEST(ChatServer, ErrorsAndPlainReplies) {
     script_model(m, "qwen3_f32", "qwen3", weather_request(),
                  "<think>\nhm\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\"}\n</tool_call>");
     if (HasFatalFailure()) return;
-    EngineOptions options;
-    options.model_dir = m.dir.path().string();
-    options.device = test_device();
+    EngineOptions options = engine_options(m);
     std::unique_ptr<Engine> engine = Engine::create(options);
     {
         // No built-in template for the architecture: a 501 that names it, then completions still work.
