@@ -88,7 +88,8 @@ Tensor DecoderModel::load(Checkpoint& checkpoint, const std::string& name, std::
             // router's scores sends most tokens to the same few experts (a small MiMo shape with
             // 32 experts at concurrency 8: 22.9 experts touched per layer where uniform routing
             // touches 28.8; zero bias: 28.4), which a trained model's load balancing, the purpose
-            // of this bias, does not do.
+            // of this bias, does not do. (Filled first all the same, so that every other tensor
+            // keeps its dummy values: the stream counter advances per tensor.)
             XINFER_CHECK(t.dtype == DType::f32, "router bias {} is not f32", name);
             const std::vector<float> zeros(size_t(t.numel()), 0.f);
             backend_.upload(t, zeros.data());
