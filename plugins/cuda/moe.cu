@@ -25,6 +25,8 @@
 // each pair's rows straight from ids, one warp per output column) for P ≤ kGemvMaxPairs;
 // XINFER_CUDA_MOE_STREAM=0 turns both stream paths off.
 #include "gemm.h"
+#include "moe_common.cuh"
+#include "moe_staged.h"
 
 #include "device_utils.cuh"
 
@@ -76,25 +78,6 @@ __global__ void scatter_kernel(const int32_t* ids /*[P]*/, int64_t P, int E, int
     for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < P; p += int64_t(gridDim.x) * blockDim.x) {
         const int32_t e = ids[p];
         if (e >= 0 && e < E) sorted[atomicAdd(&cursor[e], 1)] = int32_t(p);
-    }
-}
-
-// out[t, h] = Σ_slot weights[t, slot] · dn[row(t·k + slot), h], row = dn_row[pair] (null: the
-// pair itself); a pair with an invalid expert id poisons its token's row with NaN (the CPU oracle
-// reports an error).
-__global__ void combine_kernel(const float* dn /*[T·k, H]*/, const int32_t* dn_row /*[T·k] or null*/,
-                               const int32_t* ids /*[T, k]*/, const float* weights /*[T, k]*/, int top_k, int E,
-                               int64_t H, void* out /*[T, H]*/, int out_dtype) {
-    const int64_t t = blockIdx.x;
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-        float acc = 0.f;
-        for (int s = 0; s < top_k; ++s) {
-            const int64_t pair = t * top_k + s;
-            const int32_t e = ids[pair];
-            acc += (e >= 0 && e < E) ? weights[pair] * dn[(dn_row ? dn_row[pair] : pair) * H + h]
-                                     : __int_as_float(0x7fc00000);
-        }
-        store_f(out, out_dtype, t * H + h, acc);
     }
 }
 
@@ -265,64 +248,6 @@ constexpr int kGateTiles = 4;                // 16-row tiles of gate (and up) ro
 constexpr int kGateWarps = 2 * kGateTiles;  // two warps per tile, each streaming half of H
 constexpr int kDownWarps = 8;
 
-// Builds the grouping in shared memory and returns the number of distinct valid experts nd:
-// slot_expert[0, nd) in ascending id order, cnt[e] pairs of expert e at list[end[e] - cnt[e], end[e]).
-__device__ int moe_block_plan(const int32_t* ids, int P, int E, int* cnt /*[E]*/, int* end /*[E]*/,
-                              int* list /*[P]*/, int* slot_expert /*[min(P, E)]*/) {
-    __shared__ int scan[64];
-    const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, warp = tid >> 5;
-    for (int e = tid; e < E; e += nthreads) cnt[e] = 0;
-    __syncthreads();
-    for (int p = tid; p < P; p += nthreads) {
-        const int e = ids[p];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-    }
-    __syncthreads();
-    // Block-wide exclusive scan of (experts touched, pairs) over contiguous ranges of experts.
-    const int per = (E + nthreads - 1) / nthreads, e0 = min(E, tid * per), e1 = min(E, e0 + per);
-    int has = 0, pairs = 0;
-    for (int e = e0; e < e1; ++e) {
-        has += cnt[e] > 0;
-        pairs += cnt[e];
-    }
-    int inc_has = has, inc_pairs = pairs;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const int a = __shfl_up_sync(0xffffffffu, inc_has, d), b = __shfl_up_sync(0xffffffffu, inc_pairs, d);
-        if (lane >= d) {
-            inc_has += a;
-            inc_pairs += b;
-        }
-    }
-    if (lane == 31) {
-        scan[warp] = inc_has;
-        scan[32 + warp] = inc_pairs;
-    }
-    __syncthreads();
-    int slot = inc_has - has, at = inc_pairs - pairs, nd = 0;
-    for (int w = 0; w < (nthreads + 31) / 32; ++w) {
-        if (w < warp) {
-            slot += scan[w];
-            at += scan[32 + w];
-        }
-        nd += scan[w];
-    }
-    for (int e = e0; e < e1; ++e) {
-        end[e] = at;  // the start; the scatter below advances it to the end
-        at += cnt[e];
-        if (cnt[e] > 0) slot_expert[slot++] = e;
-    }
-    __syncthreads();
-    for (int p = tid; p < P; p += nthreads) {
-        const int e = ids[p];
-        if (e >= 0 && e < E) list[atomicAdd(&end[e], 1)] = p;
-    }
-    __syncthreads();
-    return nd;
-}
-
-// Shared memory of the plan, in ints (the down kernel adds its [P, 16] f32 partials after it).
-__host__ __device__ inline int64_t moe_plan_ints(int64_t P, int64_t E) { return 2 * E + P + (P < E ? P : E); }
 // Where the cp.async rings start (after the plan, and the down kernel's [P, 16] partials): 16-byte aligned.
 __host__ __device__ inline int64_t moe_ring_offset_ints(int64_t P, int64_t E) { return (moe_plan_ints(P, E) + 3) / 4 * 4; }
 
@@ -337,17 +262,6 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
-}
-
-// d[16×8] += a[16×16] · b[16×8], bf16 in, f32 accumulate. a0/a2: row g, a1/a3: row g+8;
-// a0/a1 and b0 hold k = 2c, 2c+1; a2/a3 and b1 hold k = 2c+8, 2c+9.
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Two e4m3 values (the low 16 bits of v) to bf16x2, exactly (e4m3 ⊂ f16 ⊂ f32, and bf16 holds
@@ -1133,9 +1047,16 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
             pointer_alignment(gate_up.data) >= 16 && pointer_alignment(down.data) >= 16 &&
             (convert_x || pointer_alignment(x.data) >= 16) && smem_down <= 48 * 1024 &&
             moe_plan_ints(P, E) * 4 + 16 * 1024 <= 48 * 1024) {
+            // 8-pair mma tiles per pass over an expert's weights: enough for the expected busiest
+            // expert (a token picks an expert once, so ≤ T; ~3× the mean otherwise). An expert
+            // with more pairs takes further passes. Beyond one tile, bf16 experts go through
+            // shared memory (moe_staged.cu) in passes of up to 64 pairs.
+            const int64_t busiest = std::min(T, 3 * ceil_div(P, touched));
+            const bool staged = !any_fp8 && busiest > 8 && moe_staged_enabled() && moe_staged_fits(P, E, H, I);
             ScratchPlan plan;
             const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
             const size_t off_h = plan.add(size_t(P * I) * 2);
+            const size_t off_dn = staged ? plan.add(size_t(P * H) * 4) : 0;
             if (int rc = ensure_scratch(c, plan.total)) return rc;
             char* s = c->scratch;
             GroupedArgs a{};
@@ -1168,10 +1089,24 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
             a.h = reinterpret_cast<__nv_bfloat16*>(s + off_h);
             a.out = out.data;
             a.out_dtype = out.dtype;
-            // 8-pair mma tiles per pass over an expert's weights: enough for the expected busiest
-            // expert (a token picks an expert once, so ≤ T; ~3× the mean otherwise). An expert
-            // with more pairs takes further passes.
-            const int64_t busiest = std::min(T, 3 * ceil_div(P, touched));
+            if (staged) {
+                StagedMoe m;
+                m.x = a.x;
+                m.ids = a.ids;
+                m.weights = a.weights;
+                m.T = a.T;
+                m.top_k = a.top_k;
+                m.E = a.E;
+                m.gate_up = static_cast<const __nv_bfloat16*>(a.gate_up);
+                m.down = static_cast<const __nv_bfloat16*>(a.down);
+                m.I = I;
+                m.H = H;
+                m.h = a.h;
+                m.dn = reinterpret_cast<float*>(s + off_dn);
+                m.out = a.out;
+                m.out_dtype = a.out_dtype;
+                return launch_moe_staged(c, m);
+            }
             if (busiest <= 8) return launch_grouped<1>(c, a, gu_fp8, dn_fp8);
             if (busiest <= 16) return launch_grouped<2>(c, a, gu_fp8, dn_fp8);
             return launch_grouped<4>(c, a, gu_fp8, dn_fp8);

@@ -297,13 +297,26 @@ OpCase moe_route_case(const RouteSpec& s) {
                      });
 }
 
+// Expert e with weight 1 / (e + 1)^zipf: k distinct ones, by Efraimidis-Spirakis keys u^(1/weight).
+std::vector<int32_t> distinct_skewed(int64_t n, int64_t k, double zipf, std::mt19937& rng) {
+    std::uniform_real_distribution<double> u(1e-12, 1.0);
+    std::vector<std::pair<double, int32_t>> keyed;
+    for (int64_t e = 0; e < n; ++e) keyed.emplace_back(std::pow(u(rng), std::pow(double(e + 1), zipf)), int32_t(e));
+    std::partial_sort(keyed.begin(), keyed.begin() + k, keyed.end(), std::greater<>());
+    std::vector<int32_t> chosen;
+    for (int64_t i = 0; i < k; ++i) chosen.push_back(keyed[size_t(i)].second);
+    return chosen;
+}
+
 // MOE_EXPERTS routing inputs: each token's top_k distinct experts (src 1) and weights summing
-// to 1 (src 2), as a router with norm_topk_prob would give them.
-void push_routing(CaseData& d, int64_t T, int64_t E, int64_t top_k, std::mt19937& rng) {
+// to 1 (src 2), as a router with norm_topk_prob would give them. zipf > 0 skews the choice toward
+// low expert ids, as the dummy-weight serving bench routes (2.5: 64 tokens touch ~26 of 32 experts,
+// the busiest picked by every token).
+void push_routing(CaseData& d, int64_t T, int64_t E, int64_t top_k, std::mt19937& rng, double zipf = 0) {
     std::vector<int32_t> ids;
     std::vector<float> weights;
     for (int64_t t = 0; t < T; ++t) {
-        const std::vector<int32_t> chosen = distinct(E, top_k, rng);
+        const std::vector<int32_t> chosen = zipf > 0 ? distinct_skewed(E, top_k, zipf, rng) : distinct(E, top_k, rng);
         ids.insert(ids.end(), chosen.begin(), chosen.end());
         std::vector<float> w = uniform(top_k, rng, 0.1f, 1.f);
         const float sum = std::accumulate(w.begin(), w.end(), 0.f);
@@ -313,15 +326,16 @@ void push_routing(CaseData& d, int64_t T, int64_t E, int64_t top_k, std::mt19937
     d.tensors.push_back(fixed_values("weights", src(2), DType::f32, {T, top_k}, weights));
 }
 
-OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, DType w_dtype, uint32_t seed) {
+OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, DType w_dtype, uint32_t seed,
+                        double zipf = 0) {
     return make_case(XINFER_OP_MOE_EXPERTS,
-                     fmt::format("moe_experts(T={}, H={}, I={}, E={}, top_k={}, w={})", T, H, I, E, top_k,
-                                 dtype_name(w_dtype)),
+                     fmt::format("moe_experts(T={}, H={}, I={}, E={}, top_k={}, w={}{})", T, H, I, E, top_k,
+                                 dtype_name(w_dtype), zipf > 0 ? fmt::format(", zipf {}", zipf) : ""),
                      kMoeExperts, [=] {
                          std::mt19937 rng(seed);
                          CaseData d = start(XINFER_OP_MOE_EXPERTS);
                          d.tensors.push_back(act_input("x", src(0), {T, H}, rng));
-                         push_routing(d, T, E, top_k, rng);
+                         push_routing(d, T, E, top_k, rng, zipf);
                          const float a_gate = std::sqrt(3.f / float(H)) * 2.f, a_down = std::sqrt(3.f / float(I));
                          d.tensors.push_back(fixed_input("gate_up", src(3), w_dtype, {E, 2 * I, H}, rng, -a_gate, a_gate));
                          d.tensors.push_back(fixed_input("down", src(4), w_dtype, {E, H, I}, rng, -a_down, a_down));
@@ -754,6 +768,11 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_experts_case(2, 264, 136, 8, 8, bf16, ++seed));
     cases.push_back(moe_experts_case(16, 256, 200, 32, 8, bf16, ++seed));
     cases.push_back(moe_experts_case(64, 136, 72, 32, 8, bf16, ++seed));
+    // Shared-memory staged experts (plugins/cuda/moe_staged.cu): every expert with exactly one
+    // full 64-pair pass; two passes per expert (~83 pairs each); skewed routing (busy and idle experts).
+    cases.push_back(moe_experts_case(64, 256, 192, 8, 8, bf16, ++seed));
+    cases.push_back(moe_experts_case(100, 384, 128, 6, 5, bf16, ++seed));
+    cases.push_back(moe_experts_case(48, 256, 128, 32, 8, bf16, ++seed, 2.5));
     for (auto [T, E] : {std::pair{1, 8}, std::pair{2, 8}, std::pair{4, 8}, std::pair{8, 8}, std::pair{8, 32},
                         std::pair{32, 32}, std::pair{64, 32}})
         cases.push_back(moe_experts_fp8_case(T, 272, 208, E, 8, 128, 128, ++seed));
@@ -834,6 +853,8 @@ std::vector<OpCase> perf_cases() {
                .dv = 128});
     for (int T : {1, 4, 8}) cases.push_back(moe_experts_case(T, hidden, 2048, 8, 8, bf16, ++seed));
     for (int T : {8, 16, 64}) cases.push_back(moe_experts_case(T, hidden, 2048, 32, 8, bf16, ++seed));
+    // ... and routed as the dummy-weight serving bench routes (a few experts picked by every token).
+    for (int T : {32, 64}) cases.push_back(moe_experts_case(T, hidden, 2048, 32, 8, bf16, ++seed, 2.5));
     // Experts grouped by expert: the speculative verify of 2-8 tokens at batch 1 (8 experts,
     // top-8), serving concurrency 8-64 (32 experts), bf16 and the checkpoint's FP8 128x128-block
     // experts (1 byte per weight read), and a 256-expert FP8 decode step.
