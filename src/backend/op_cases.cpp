@@ -482,6 +482,9 @@ void add_decode_matmul_perf_cases(std::vector<OpCase>& cases, uint32_t& seed) {
         }
         for (int64_t E : {8, 32, 256}) cases.push_back(matmul_case(T, E, 4096, DType::f32, ++seed));
     }
+    // Serving decode batches (concurrency 16-64): bf16 projections.
+    for (int T : {16, 64})
+        for (auto [N, K] : kDecodeMatmuls) cases.push_back(matmul_case(T, N, K, DType::bf16, ++seed));
     for (int T : {1, 8}) {
         cases.push_back(matmul_case(T, 152576, 4096, DType::bf16, ++seed));
         cases.push_back(matmul_fp8_case(T, 152576, 4096, 128, 128, 1, true, ++seed));
@@ -849,6 +852,12 @@ std::vector<OpCase> perf_cases() {
                .window = 128, .sinks = true});
     attention({.label = "GA verify 8 over 4K", .q_lens = {8}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192,
                .dv = 128});
+    // A serving decode step at concurrency 64 (512-token prompts, ~640 keys each).
+    const std::vector<int> one64(64, 1), serving_kv(64, 640);
+    attention({.label = "GA decode serving", .q_lens = one64, .kv_lens = serving_kv, .n_q = 64, .n_kv = 4, .dk = 192,
+               .dv = 128});
+    attention({.label = "SWA decode serving", .q_lens = one64, .kv_lens = serving_kv, .n_q = 64, .n_kv = 8, .dk = 192,
+               .dv = 128, .window = 128, .sinks = true});
     attention({.label = "GA verify 32 over 4K", .q_lens = {32}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192,
                .dv = 128});
     for (int T : {1, 4, 8}) cases.push_back(moe_experts_case(T, hidden, 2048, 8, 8, bf16, ++seed));
