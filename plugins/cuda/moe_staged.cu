@@ -12,57 +12,26 @@
 //            h[pair, i] = silu(bf16(gate)) · bf16(up), stored bf16 (as moe.cu's kernels round it);
 //   down:    128 rows n of H (16 per warp): dn[pair, n] in f32, summed in slot order afterwards by
 //            combine_kernel, so the result is deterministic.
-// Weights [128 rows × 64 columns] and activations [64 pairs × 64 columns] go through a kStages-deep
-// cp.async ring in shared memory (24 KB a stage, XOR-swizzled 16-byte units so that ldmatrix and
-// the copies are conflict-free); the 8 warps take fragments with ldmatrix and multiply with
-// mma.sync m16n8k16, skipping 8-pair tiles past the pass's last pair.
+// The tiles stream through shared memory and tensor cores as staged_mma.cuh describes.
 // Work items are counted on the device from the ids (moe_block_plan), so the launch needs no host
 // read: grid.y is an upper bound and blocks past the last item exit.
 // XINFER_CUDA_MOE_STAGED=0 keeps moe.cu's grouped kernels for every batch.
 #include "moe_staged.h"
 
 #include "moe_common.cuh"
+#include "staged_mma.cuh"
 
 #include <algorithm>
 
 namespace xcuda {
 namespace {
 
-constexpr int kStages = 4;
-constexpr int kBK = 64;                              // reduction columns per stage
-constexpr int kUnits = kBK / 8;                      // 16-byte units per staged row
-constexpr int kTileRows = 128;                       // weight rows per block (gate_up: 64 gate + 64 up)
-constexpr int kTilePairs = 64;                       // pairs per work item
-constexpr int kThreads = 256;                        // 8 warps × 16 weight rows
-constexpr int kStageUnits = (kTileRows + kTilePairs) * kUnits;
-constexpr size_t kRingBytes = size_t(kStages) * kStageUnits * 16;
-
-// 16-byte unit (row, u) of a staged [rows][kUnits] tile; u ^ (row % 8) puts the 8 rows that one
-// ldmatrix matrix reads in 8 different bank groups.
-__device__ __forceinline__ int unit(int row, int u) { return row * kUnits + (u ^ (row & 7)); }
-
-__device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool valid) {
-    const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// Four 8×8 bf16 matrices; lane l gives the row address of matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint4* p) {
-    const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_staged_kernel(const __nv_bfloat16* act /*gate_up: x [T, H]; down: h [P, I]*/, const int32_t* ids /*[P]*/,
                       int P, int top_k, int E, const __nv_bfloat16* w /*gate_up [E, 2I, H]; down [E, H, I]*/,
                       int64_t I, int64_t H, __nv_bfloat16* h_out /*[P, I] (gate_up)*/, float* dn /*[P, H] (down)*/) {
-    extern __shared__ __align__(128) uint4 ring[];  // [kStages][kTileRows + kTilePairs][kUnits], then the plan
+    extern __shared__ __align__(128) uint4 ring[];  // [kStages][kTileRows + kTileActs][kUnits], then the plan
     int* plan = reinterpret_cast<int*>(ring + kStages * kStageUnits);
     int *cnt = plan, *end = cnt + E, *list = end + E, *slot_expert = list + P;
     const int64_t K = kGateUp ? H : I;  // reduction length
@@ -72,11 +41,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int nd = moe_block_plan(ids, P, E, cnt, end, list, slot_expert);
     int item = blockIdx.y, e = -1, first = 0, n_pass = 0;
     for (int j = 0; j < nd; ++j) {
-        const int x = slot_expert[j], passes = (cnt[x] + kTilePairs - 1) / kTilePairs;
+        const int x = slot_expert[j], passes = (cnt[x] + kTileActs - 1) / kTileActs;
         if (item < passes) {
             e = x;
-            first = item * kTilePairs;
-            n_pass = min(kTilePairs, cnt[x] - first);
+            first = item * kTileActs;
+            n_pass = min(kTileActs, cnt[x] - first);
             break;
         }
         item -= passes;
@@ -117,51 +86,14 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int m = 0; m < 2; ++m) cp_async16(ring + slot * kStageUnits + a_dst[m], a_src[m] + k0, a_ok[m]);
     };
 
-    const int nk = int(K / kBK);
-    // Prologue: stages 0 .. kStages-2. The down kernel requests its weights before waiting for
-    // gate_up's h; each commit group then closes with one stage's activations.
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s)
-        if (s < nk) load_weights(s, int64_t(s) * kBK);
-    if constexpr (!kGateUp) pdl_begin();
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < nk) load_acts(s, int64_t(s) * kBK);
-        cp_async_commit();
-    }
-
-    const int n_tiles = (n_pass + 7) / 8;  // 8-pair mma tiles with at least one pair
+    const int n_tiles = (n_pass + 7) / 8;
     float acc[8][4];
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
-    for (int ks = 0; ks < nk; ++ks) {
-        cp_async_wait<kStages - 2>();  // stage ks has landed (this thread's copies)
-        __syncthreads();               // ... and everyone's; the slot of stage ks-1 is free again
-        const int next = ks + kStages - 1;
-        if (next < nk) {
-            load_weights(next % kStages, int64_t(next) * kBK);
-            load_acts(next % kStages, int64_t(next) * kBK);
-        }
-        cp_async_commit();
-        const uint4* stage = ring + (ks % kStages) * kStageUnits;
-        const uint4* acts = stage + kTileRows * kUnits;
-#pragma unroll
-        for (int u = 0; u < kUnits; u += 2) {  // one k16 step: units u, u + 1
-            uint32_t a[4];
-            ldmatrix_x4(a, stage + unit(warp * 16 + lane % 16, u + lane / 16));
-#pragma unroll
-            for (int t2 = 0; t2 < 4; ++t2) {  // two 8-pair tiles per ldmatrix
-                if (2 * t2 >= n_tiles) break;  // block-uniform
-                uint32_t b[4];
-                ldmatrix_x4(b, acts + unit(t2 * 16 + (lane / 16) * 8 + lane % 8, u + (lane / 8) % 2));
-                mma_16816(acc[2 * t2], a[0], a[1], a[2], a[3], b[0], b[1]);
-                if (2 * t2 + 1 < n_tiles) mma_16816(acc[2 * t2 + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-            }
-        }
-    }
-    cp_async_wait<0>();
+    staged_mma(ring, int(K / kBK), n_tiles, load_weights, load_acts,
+               [] {
+                   // The down kernel requests its first weight stages before waiting for gate_up's h.
+                   if constexpr (!kGateUp) pdl_begin();
+               },
+               acc);
 
     // Accumulator r of tile t: mma row g (+8 for r ≥ 2), pair t·8 + 2c + (r & 1).
 #pragma unroll
@@ -201,7 +133,7 @@ bool moe_staged_fits(int64_t P, int64_t E, int64_t H, int64_t I) {
 int launch_moe_staged(Context* c, const StagedMoe& a) {
     const int P = a.T * a.top_k;
     const size_t smem = staged_smem_bytes(P, a.E);
-    const unsigned items = unsigned(ceil_div(int64_t(P), int64_t(kTilePairs)) + std::min(P, a.E));
+    const unsigned items = unsigned(ceil_div(int64_t(P), int64_t(kTileActs)) + std::min(P, a.E));
     for (auto kernel : {moe_staged_kernel<true>, moe_staged_kernel<false>})
         XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     if (int rc = launch_pdl(c, "moe_staged_kernel<gate_up>", moe_staged_kernel<true>,

@@ -650,6 +650,10 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(matmul_case(2, 300, 776, bf16, ++seed));
     cases.push_back(matmul_case(12, 1000, 1032, bf16, ++seed));
     cases.push_back(matmul_case(16, 40, 4096, bf16, ++seed));
+    // Serving decode batches: 64 rows with an N tail, 2 rows, a sliding layer's k projection at 40 rows.
+    cases.push_back(matmul_case(64, 200, 512, bf16, ++seed));
+    cases.push_back(matmul_case(2, 384, 4096, bf16, ++seed));
+    cases.push_back(matmul_case(40, 1536, 4096, bf16, ++seed));
 
     // Router: MiMo (sigmoid + bias, 256 experts, top 8), DeepSeek groups, softmax, ties.
     cases.push_back(moe_route_case({7, 256, true, true, 1, 1, 8, true, 2.5f, false, ++seed}));
