@@ -489,22 +489,25 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         }
     }
     __syncthreads();
-    for (int i = tid; i < rows * a.dv; i += kThreads) {
-        const int r = i / a.dv, d = i % a.dv, grp = r / 16, rr = r % 16;
-        float acc = 0.f;
-        for (int p = 0; p < kp; ++p) acc += Ow[((p * n_rg + grp) * 16 + rr) * ldo + d] * fac[r * kFac + p];
+    // A warp per row, lanes over dv: the row's indices are computed once per row, not per element
+    // (runtime divisions cost ~20 instructions each, and per element they were a large share of a
+    // decode block's instructions).
+    for (int r = warp; r < rows; r += kWarps) {
+        const int grp = r / 16, rr = r % 16;
         const int64_t flat = row0 + r;
         const int64_t t = token_base + (flat / G - tok_first);
         const int64_t R = t * a.nq + g * G + int(flat % G);
-        if (a.n_split == 1) {
-            store_f(a.out, a.out_dtype, R * a.dv + d, acc * fac[r * kFac + 4]);
-        } else {
-            const int64_t P = int64_t(split) * a.T * a.nq + R;
-            a.part_o[P * a.dv + d] = acc;
-            if (d == 0) {
-                a.part_ml[P * 2] = fac[r * kFac + 4];
-                a.part_ml[P * 2 + 1] = fac[r * kFac + 5];
-            }
+        const float* f = fac + r * kFac;
+        const int64_t P = int64_t(split) * a.T * a.nq + R;  // partial row (n_split > 1)
+        for (int d = lane; d < a.dv; d += 32) {
+            float acc = 0.f;
+            for (int p = 0; p < kp; ++p) acc += Ow[((p * n_rg + grp) * 16 + rr) * ldo + d] * f[p];
+            if (a.n_split == 1) store_f(a.out, a.out_dtype, R * a.dv + d, acc * f[4]);
+            else a.part_o[P * a.dv + d] = acc;
+        }
+        if (a.n_split > 1 && lane == 0) {
+            a.part_ml[P * 2] = f[4];
+            a.part_ml[P * 2 + 1] = f[5];
         }
     }
 }
