@@ -1089,24 +1089,21 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
             a.h = reinterpret_cast<__nv_bfloat16*>(s + off_h);
             a.out = out.data;
             a.out_dtype = out.dtype;
-            if (staged) {
-                StagedMoe m;
-                m.x = a.x;
-                m.ids = a.ids;
-                m.weights = a.weights;
-                m.T = a.T;
-                m.top_k = a.top_k;
-                m.E = a.E;
-                m.gate_up = static_cast<const __nv_bfloat16*>(a.gate_up);
-                m.down = static_cast<const __nv_bfloat16*>(a.down);
-                m.I = I;
-                m.H = H;
-                m.h = a.h;
-                m.dn = reinterpret_cast<float*>(s + off_dn);
-                m.out = a.out;
-                m.out_dtype = a.out_dtype;
-                return launch_moe_staged(c, m);
-            }
+            if (staged)
+                return launch_moe_staged(c, {.x = a.x,
+                                             .ids = a.ids,
+                                             .weights = a.weights,
+                                             .T = a.T,
+                                             .top_k = a.top_k,
+                                             .E = a.E,
+                                             .gate_up = static_cast<const __nv_bfloat16*>(a.gate_up),
+                                             .down = static_cast<const __nv_bfloat16*>(a.down),
+                                             .I = I,
+                                             .H = H,
+                                             .h = a.h,
+                                             .dn = reinterpret_cast<float*>(s + off_dn),
+                                             .out = a.out,
+                                             .out_dtype = a.out_dtype});
             if (busiest <= 8) return launch_grouped<1>(c, a, gu_fp8, dn_fp8);
             if (busiest <= 16) return launch_grouped<2>(c, a, gu_fp8, dn_fp8);
             return launch_grouped<4>(c, a, gu_fp8, dn_fp8);
