@@ -20,7 +20,9 @@
 // the grouped path instead: two tensor-core weight streams that read each touched expert's weights
 // once, whatever the number of tokens that chose it (see "few-token experts grouped by expert").
 // A single bf16 token's gate_up runs on the per-pair stream kernel there (every pair has its own
-// expert, and its loads are row-contiguous; see launch_stream_gate_up). XINFER_CUDA_MOE_GROUPED=0
+// expert, and its loads are row-contiguous; see launch_stream_gate_up). bf16 serving batches whose
+// busiest expert may see more than 8 pairs go through shared memory instead (moe_staged.cu).
+// XINFER_CUDA_MOE_GROUPED=0
 // keeps the paths from before it: per-pair bf16 streams and, for fp8, the GEMV kernel (gemm.cu:
 // each pair's rows straight from ids, one warp per output column) for P ≤ kGemvMaxPairs;
 // XINFER_CUDA_MOE_STREAM=0 turns both stream paths off.
