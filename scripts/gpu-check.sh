@@ -140,6 +140,12 @@ if [ $engine = 1 ]; then
         [ "$rc" = 0 ] || status=1
         note "decode graphs on cuda (replay vs eager): rc $rc"
         grep -E '^\[ graphs|FAILED  \]' "$OUT/graphs-cuda.log" >>"$summary"
+        # A 16-sequence serving batch (staged experts, graphs) against the CPU oracle.
+        XINFER_TEST_DEVICE=cuda build/bin/test_models --gtest_filter='DeviceBatch.*' >"$OUT/batch-cuda.log" 2>&1
+        rc=$?
+        [ "$rc" = 0 ] || status=1
+        note "serving batch on cuda vs cpu: rc $rc"
+        grep -E '^\[ batch|FAILED  \]' "$OUT/batch-cuda.log" >>"$summary"
     fi
     if [ -x build/bin/test_spec ]; then
         # Speculative decoding is lossless on the device too: greedy with oracle, adversarial,

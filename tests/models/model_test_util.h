@@ -29,12 +29,18 @@ struct LoadedModel {
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Checkpoint> checkpoint;
     std::unique_ptr<Model> model;
-    explicit LoadedModel(const std::filesystem::path& dir, const std::string& device = test_device()) {
+    explicit LoadedModel(const std::filesystem::path& dir, const std::string& device = test_device())
+        : LoadedModel(dir, device, env_options()) {}
+    // Any options; dummy weights need only the directory's config.json.
+    LoadedModel(const std::filesystem::path& dir, const std::string& device, const LoadOptions& options) {
         backend = make_backend(device);
-        checkpoint = Checkpoint::open(dir);
+        checkpoint = Checkpoint::open(dir, /*load_weights=*/!options.dummy);
+        model = load_model(*checkpoint, *backend, options);
+    }
+    static LoadOptions env_options() {
         LoadOptions options;
         if (const char* dtype = std::getenv("XINFER_TEST_DTYPE")) options.dtype = dtype;
-        model = load_model(*checkpoint, *backend, options);
+        return options;
     }
 };
 
