@@ -51,13 +51,22 @@ struct RowTile {
     int q_len = 0;
     int64_t row0 = 0;
 };
+// Every block walks the sequences before its own, so the walk must be cheap: the kernels' tile
+// sizes are powers of two and divide by a shift (a 64-bit division by a runtime value is a ~100-
+// instruction subroutine, and per sequence it made most of the instructions of a decode block
+// near the end of a 64-sequence batch: ncu, session 8), and each step loads one offset.
 __device__ __forceinline__ RowTile find_row_tile(const int32_t* cu_q_lens, int n_seqs, int group, int tile_rows,
                                                  int64_t tile) {
+    const int shift = __ffs(tile_rows) - 1;
+    const bool pow2 = tile_rows == 1 << shift;
     RowTile t;
     int64_t first = 0;
+    int prev = cu_q_lens[0];
     for (int i = 0; i < n_seqs; ++i) {
-        const int q_len = cu_q_lens[i + 1] - cu_q_lens[i];
-        const int64_t tiles = (int64_t(q_len) * group + tile_rows - 1) / tile_rows;
+        const int next = cu_q_lens[i + 1], q_len = next - prev;
+        prev = next;
+        const int64_t rows_up = int64_t(q_len) * group + tile_rows - 1;
+        const int64_t tiles = pow2 ? rows_up >> shift : rows_up / tile_rows;
         if (tile < first + tiles) {
             t.seq = i;
             t.q_len = q_len;
