@@ -126,8 +126,9 @@ bool moe_staged_enabled() {
 }
 
 bool moe_staged_fits(int64_t P, int64_t E, int64_t H, int64_t I) {
-    return P >= 1 && P <= kStagedMaxPairs && H % kTileRows == 0 && I % (kTileRows / 2) == 0 && H % kBK == 0 &&
-           I % kBK == 0 && staged_smem_bytes(P, E) <= 200 * 1024;
+    // Row tiles are whole 64-column stages too: kTileRows / 2 == kBK.
+    static_assert(kTileRows % kBK == 0 && (kTileRows / 2) % kBK == 0);
+    return P >= 1 && H % kTileRows == 0 && I % (kTileRows / 2) == 0 && staged_smem_bytes(P, E) <= 200 * 1024;
 }
 
 int launch_moe_staged(Context* c, const StagedMoe& a) {

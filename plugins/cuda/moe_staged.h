@@ -7,9 +7,6 @@
 
 namespace xcuda {
 
-// The in-block expert plan keeps every pair id in shared memory.
-constexpr int64_t kStagedMaxPairs = 512;
-
 struct StagedMoe {
     const __nv_bfloat16* x = nullptr;  // [T, H]
     const int32_t* ids = nullptr;      // [T, top_k]
@@ -26,8 +23,9 @@ struct StagedMoe {
 
 // XINFER_CUDA_MOE_STAGED=0 turns the path off.
 bool moe_staged_enabled();
-// Shapes the kernels take: P = T·top_k pairs, whole 64-column stages and row tiles (H % 128,
-// I % 64), 16-byte aligned rows (the caller checks the pointers).
+// Shapes the kernels take: P = T·top_k pairs whose in-block plan fits shared memory beside the
+// ring, whole 64-column stages and row tiles (H % 128, I % 64), 16-byte aligned rows (the caller
+// checks the pointers).
 bool moe_staged_fits(int64_t P, int64_t E, int64_t H, int64_t I);
 int launch_moe_staged(Context* c, const StagedMoe& a);
 
