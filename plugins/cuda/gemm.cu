@@ -373,7 +373,7 @@ constexpr int stream_chunk() {
     return WT == XINFER_DTYPE_F8_E4M3 ? 16 : WT == XINFER_DTYPE_BF16 ? 8 : 4;
 }
 
-// R: rows of x rounded up to 1, 2, 4 or 8 (p.rows ≤ R are live).
+// R: rows of x per block, p.rows rounded up to 1, 2, 4 or 8 (more rows: 8 per block, grid.y groups).
 template <int WT, typename XT, int R>
 __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGemv p) {
     constexpr int E = stream_chunk<WT>();
@@ -387,7 +387,12 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
     const int64_t n = int64_t(blockIdx.x) * (kStreamWarps / S) + warp / S;
     const bool active = n < p.n;
     const int chunks = int(p.k / E), step = 32 * S;
-    const XT* x = static_cast<const XT*>(p.x);
+    // blockIdx.y: which group of R rows of x (more than one only for f32 weights, see
+    // stream_gemv_fits); rows past p.rows are dead.
+    const int64_t row0 = int64_t(blockIdx.y) * R;
+    const int rows = int(min(int64_t(R), p.rows - row0));
+    const XT* x = static_cast<const XT*>(p.x) + row0 * p.k;
+    void* const y = static_cast<char*>(p.y) + row0 * p.n * (p.y_dtype == XINFER_DTYPE_F32 ? 4 : 2);
     const char* w_row = static_cast<const char*>(p.w) + n * p.k * int64_t(16 / E);
 
     // Weights are constant, so the lane's first U chunks may be requested into L2 before the
@@ -439,7 +444,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
                 }
 #pragma unroll
                 for (int j = 0; j < R; ++j) {
-                    if (j >= p.rows) break;
+                    if (j >= rows) break;
                     float xv[E];
                     load_x<XT, E>(x + int64_t(j) * p.k, int64_t(c) * E, xv);
                     float d = 0.f;
@@ -459,17 +464,17 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
         if (active && lane == 0)
 #pragma unroll
             for (int j = 0; j < R; ++j)
-                if (j < p.rows) store_f(p.y, p.y_dtype, int64_t(j) * p.n + n, acc[j]);
+                if (j < rows) store_f(y, p.y_dtype, int64_t(j) * p.n + n, acc[j]);
         return;
     }
     if (lane == 0)
 #pragma unroll
         for (int j = 0; j < R; ++j) partial[warp][j] = acc[j];
     __syncthreads();
-    if (part == 0 && active && lane < p.rows) {
+    if (part == 0 && active && lane < rows) {
         float total = 0.f;
         for (int q = 0; q < S; ++q) total += partial[warp + q][lane];
-        store_f(p.y, p.y_dtype, int64_t(lane) * p.n + n, total);
+        store_f(y, p.y_dtype, int64_t(lane) * p.n + n, total);
     }
 }
 
@@ -513,9 +518,13 @@ bool stream_gemv_wins(int64_t T, int64_t N, int64_t K, int w_dtype) {
 }
 
 // The fixed routing rule: T ≤ 8 rows with bf16 / f8 / f32 weights whose rows split into 16-byte
-// chunks, x bf16 (or f32 with f32 weights) 16-byte aligned.
+// chunks, x bf16 (or f32 with f32 weights) 16-byte aligned. f32 weights (MoE routers, 32-256 rows)
+// also up to kStreamMaxRowsF32 rows, in groups of 8 that each re-read the weight (from L2): at
+// serving batches of 64 the router took 16 µs on cuBLASLt (x widened to f32 first, then an f32
+// GEMM) for 0.5 MB of weights (H200, eager profile of the concurrency-64 bench).
+constexpr int64_t kStreamMaxRowsF32 = 64;
 bool stream_gemv_fits(int64_t T, int64_t K, int w_dtype, int x_dtype, bool x_aligned, const void* w) {
-    if (T < 1 || T > kGemvMaxRows) return false;
+    if (T < 1 || T > (w_dtype == XINFER_DTYPE_F32 ? kStreamMaxRowsF32 : kGemvMaxRows)) return false;
     int chunk = 0;
     switch (w_dtype) {
         case XINFER_DTYPE_BF16: chunk = 8; break;
@@ -541,7 +550,7 @@ int launch_stream_gemv(Context* c, StreamGemv p, int w_dtype, int x_dtype) {
         set_error(c, "cuda matmul: N = %lld is too large for the streaming GEMV", (long long)p.n);
         return XINFER_ERROR;
     }
-    const dim3 grid = dim3(unsigned(blocks), 1, 1);
+    const dim3 grid = dim3(unsigned(blocks), unsigned(ceil_div(p.rows, kGemvMaxRows)), 1);
     if (w_dtype == XINFER_DTYPE_BF16) return launch_stream_rows<int(XINFER_DTYPE_BF16), __nv_bfloat16>(c, p, grid);
     if (w_dtype == XINFER_DTYPE_F8_E4M3) return launch_stream_rows<int(XINFER_DTYPE_F8_E4M3), __nv_bfloat16>(c, p, grid);
     if (x_dtype == XINFER_DTYPE_F32) return launch_stream_rows<int(XINFER_DTYPE_F32), float>(c, p, grid);

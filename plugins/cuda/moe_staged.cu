@@ -146,10 +146,7 @@ int launch_moe_staged(Context* c, const StagedMoe& a) {
                             static_cast<const __nv_bfloat16*>(a.h), a.ids, P, a.top_k, a.E, a.down, a.I, a.H,
                             static_cast<__nv_bfloat16*>(nullptr), a.dn))
         return rc;
-    combine_kernel<<<unsigned(a.T), 256, 0, c->stream>>>(a.dn, nullptr, a.ids, a.weights, a.top_k, a.E, a.H, a.out,
-                                                          a.out_dtype);
-    XCUDA_CHECK_LAUNCH(c, "combine_kernel");
-    return XINFER_OK;
+    return launch_combine(c, a.dn, nullptr, a.ids, a.weights, a.top_k, a.E, a.T, a.H, a.out, a.out_dtype);
 }
 
 }  // namespace xcuda

@@ -473,7 +473,7 @@ void add_decode_matmul_cases(std::vector<OpCase>& cases, uint32_t& seed) {
     cases.push_back(matmul_fp8_case(520, 512, 4096, 128, 48, 1, false, ++seed));
 }
 
-// Perf: the same shapes at T = 1, 3, 8 (bf16, fp8), lm_head at T = 1 and 8, routers.
+// Perf: the same shapes at T = 1, 3, 8 (bf16, fp8), lm_head at T = 1 and 8, routers; serving batches.
 void add_decode_matmul_perf_cases(std::vector<OpCase>& cases, uint32_t& seed) {
     for (int T : {1, 3, 8}) {
         for (auto [N, K] : kDecodeMatmuls) {
@@ -483,8 +483,10 @@ void add_decode_matmul_perf_cases(std::vector<OpCase>& cases, uint32_t& seed) {
         for (int64_t E : {8, 32, 256}) cases.push_back(matmul_case(T, E, 4096, DType::f32, ++seed));
     }
     // Serving decode batches (concurrency 16-64): bf16 projections.
-    for (int T : {16, 64})
+    for (int T : {16, 64}) {
         for (auto [N, K] : kDecodeMatmuls) cases.push_back(matmul_case(T, N, K, DType::bf16, ++seed));
+        cases.push_back(matmul_case(T, 32, 4096, DType::f32, ++seed));  // the e32 bench model's router
+    }
     for (int T : {1, 8}) {
         cases.push_back(matmul_case(T, 152576, 4096, DType::bf16, ++seed));
         cases.push_back(matmul_fp8_case(T, 152576, 4096, 128, 128, 1, true, ++seed));
@@ -654,6 +656,8 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(matmul_case(64, 200, 512, bf16, ++seed));
     cases.push_back(matmul_case(2, 384, 4096, bf16, ++seed));
     cases.push_back(matmul_case(40, 1536, 4096, bf16, ++seed));
+    // f32-weight routers of serving batches (cuda: 8-row groups of the streaming GEMV, a partial last one).
+    for (int T : {20, 64}) cases.push_back(matmul_case(T, 32, 4096, f32, ++seed));
 
     // Router: MiMo (sigmoid + bias, 256 experts, top 8), DeepSeek groups, softmax, ties.
     cases.push_back(moe_route_case({7, 256, true, true, 1, 1, 8, true, 2.5f, false, ++seed}));
@@ -774,6 +778,8 @@ std::vector<OpCase> correctness_cases() {
     // 64x64; and 48-column blocks, which take the GEMV / tiled paths).
     cases.push_back(moe_experts_case(2, 264, 136, 8, 8, bf16, ++seed));
     cases.push_back(moe_experts_case(16, 256, 200, 32, 8, bf16, ++seed));
+    // More experts than a block's warps, each split over ranges of I (cuda grouped down kernel).
+    cases.push_back(moe_experts_case(8, 256, 1000, 32, 8, bf16, ++seed));
     cases.push_back(moe_experts_case(64, 136, 72, 32, 8, bf16, ++seed));
     // Shared-memory staged experts (plugins/cuda/moe_staged.cu): every expert with exactly one
     // full 64-pair pass; two passes per expert (~83 pairs each); skewed routing (busy and idle experts).
@@ -856,12 +862,14 @@ std::vector<OpCase> perf_cases() {
                .window = 128, .sinks = true});
     attention({.label = "GA verify 8 over 4K", .q_lens = {8}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192,
                .dv = 128});
-    // A serving decode step at concurrency 64 (512-token prompts, ~640 keys each).
-    const std::vector<int> one64(64, 1), serving_kv(64, 640);
-    attention({.label = "GA decode serving", .q_lens = one64, .kv_lens = serving_kv, .n_q = 64, .n_kv = 4, .dk = 192,
-               .dv = 128});
-    attention({.label = "SWA decode serving", .q_lens = one64, .kv_lens = serving_kv, .n_q = 64, .n_kv = 8, .dk = 192,
-               .dv = 128, .window = 128, .sinks = true});
+    // Serving decode steps at concurrency 8, 32, 64 (512-token prompts, ~640 keys each).
+    for (int n : {8, 32, 64}) {
+        const std::vector<int> ones(n, 1), serving_kv(n, 640);
+        attention({.label = "GA decode serving", .q_lens = ones, .kv_lens = serving_kv, .n_q = 64, .n_kv = 4,
+                   .dk = 192, .dv = 128});
+        attention({.label = "SWA decode serving", .q_lens = ones, .kv_lens = serving_kv, .n_q = 64, .n_kv = 8,
+                   .dk = 192, .dv = 128, .window = 128, .sinks = true});
+    }
     attention({.label = "GA verify 32 over 4K", .q_lens = {32}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192,
                .dv = 128});
     for (int T : {1, 4, 8}) cases.push_back(moe_experts_case(T, hidden, 2048, 8, 8, bf16, ++seed));
