@@ -97,6 +97,11 @@ typedef enum xinfer_op_type {
     XINFER_OP_SAMPLE = 14,
     /* dst0 = src0 converted to dst0's dtype (same shape) */
     XINFER_OP_CONVERT = 15,
+    /* the attention block's prologue as one op: exactly ROPE(q), ROPE(k), SCALE(v, value_scale),
+       KV_STORE(k, v), in that order (q, k, v in place)   src: k[T,kv,dk], v[T,kv,dv], k_cache,
+       v_cache (as KV_STORE), q[T,nq,dk], positions[T]; params.rope_kv_store; batch.
+       Optional: a backend may answer supports_op = 0 and xinfer runs the four ops instead. */
+    XINFER_OP_ROPE_KV_STORE = 16,
     XINFER_OP_COUNT
 } xinfer_op_type;
 
@@ -104,8 +109,9 @@ typedef enum xinfer_op_type {
    What a backend may rely on to start an op before the previous one on its stream has finished:
    these tensors are written by the host before the forward, never by an op; and a sequence's
    tokens are its newest keys (kv_len - q_len .. kv_len - 1, in order; xinfer's batch builders
-   check it), so a forward's KV_STORE never rewrites an older key: those were stored by earlier
-   forwards. (The CUDA plugin's decode attention reads them while the KV_STORE before it runs.) */
+   check it), so a forward's KV_STORE (or ROPE_KV_STORE) never rewrites an older key: those were
+   stored by earlier forwards. (The CUDA plugin's decode attention reads them while the store
+   before it runs.) */
 typedef struct xinfer_attention_batch {
     int32_t n_seqs;
     int32_t max_pages_per_seq;
@@ -157,12 +163,13 @@ typedef struct xinfer_op {
     union {
         struct { float eps; } norm;
         struct { int32_t rotary_dim; float theta; } rope;
+        struct { int32_t rotary_dim; float theta; float value_scale; } rope_kv_store;
         struct { float factor; } scale;
         struct { int32_t block_rows, block_cols; } matmul; /* f8 weight scale blocks */
         xinfer_attention_params attention;
         xinfer_route_params route;
     } params;
-    xinfer_attention_batch batch;  /* KV_STORE, ATTENTION */
+    xinfer_attention_batch batch;  /* KV_STORE, ATTENTION, ROPE_KV_STORE */
 } xinfer_op;
 
 typedef struct xinfer_device_props {

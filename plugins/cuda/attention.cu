@@ -433,6 +433,102 @@ __global__ void kv_store_fp8_kernel(const void* k /*[T, nkv, dk]*/, int k_dtype,
     }
 }
 
+// ROPE_KV_STORE (backend_abi.h): ROPE(q), ROPE(k), SCALE(v), KV_STORE(k, v) in one launch. Grid
+// (T, item chunks); a thread owns one item of its token:
+//   - a rotation item: pair j of up to kPrologueHeads consecutive heads of [q heads, k heads]; the
+//     angle once per thread (f64, before pdl_wait, as rope_kernel), every pair loaded before any
+//     store. A rotated k value goes to k as ROPE writes it (rounded to k's dtype) and from there
+//     to the cache, as KV_STORE would copy it;
+//   - a copy item: a k element past rotary_dim, or a v element times value_scale (rounded to v's
+//     dtype, as SCALE writes it), to the cache.
+// Padding tokens (slot -1) are rotated and scaled but not stored, as by the four ops. store = 0
+// (fp8 caches): rotate and scale only, kv_store_fp8_kernel stores afterwards.
+constexpr int kPrologueThreads = 128, kPrologueHeads = 8;
+
+struct PrologueArgs {
+    void *q, *k, *v, *k_cache, *v_cache;
+    int q_dtype, k_dtype, v_dtype, kc_dtype, vc_dtype;
+    const int32_t* positions;     // [T]
+    const int32_t* slot_mapping;  // [T]
+    int nq, nkv, dk, dv, rotary_dim, page_size;
+    float theta, value_scale;
+    int64_t k_page_stride, v_page_stride;  // elements
+    bool store, early;
+};
+
+// Items of one token: rotation items first, then k's unrotated elements, then v's elements.
+__host__ __device__ inline int prologue_rotation_items(int nq, int nkv, int rotary_dim) {
+    return (nq + nkv + kPrologueHeads - 1) / kPrologueHeads * (rotary_dim / 2);
+}
+
+__global__ void __launch_bounds__(kPrologueThreads) rope_kv_store_kernel(PrologueArgs a) {
+    if (!a.early) pdl_begin();
+    const int64_t t = blockIdx.x;
+    const int item = int(blockIdx.y) * kPrologueThreads + int(threadIdx.x);
+    const int half = a.rotary_dim / 2, k_rest = a.dk - a.rotary_dim;
+    const int rotation_items = prologue_rotation_items(a.nq, a.nkv, a.rotary_dim);
+    if (item >= rotation_items + a.nkv * (k_rest + a.dv)) return;
+    // Host-written batch metadata: read before pdl_wait.
+    const int32_t slot = a.store ? a.slot_mapping[t] : -1;
+    const int64_t page = slot >= 0 ? slot / a.page_size : 0, offset = slot >= 0 ? slot % a.page_size : 0;
+    const auto k_slot = [&](int g, int d) { return page * a.k_page_stride + (offset * a.nkv + g) * a.dk + d; };
+    if (item < rotation_items) {
+        const int j = item % half, h0 = item / half * kPrologueHeads;
+        const double inv_freq = pow(double(a.theta), -2.0 * j / double(a.rotary_dim));
+        double s, co;
+        sincos(double(a.positions[t]) * inv_freq, &s, &co);
+        pdl_begin();
+        float lo[kPrologueHeads], hi[kPrologueHeads];
+#pragma unroll
+        for (int u = 0; u < kPrologueHeads; ++u) {
+            const int h = h0 + u;
+            lo[u] = hi[u] = 0.f;
+            if (h < a.nq) {
+                const int64_t base = (t * a.nq + h) * a.dk;
+                lo[u] = load_f(a.q, a.q_dtype, base + j);
+                hi[u] = load_f(a.q, a.q_dtype, base + j + half);
+            } else if (h < a.nq + a.nkv) {
+                const int64_t base = (t * a.nkv + (h - a.nq)) * a.dk;
+                lo[u] = load_f(a.k, a.k_dtype, base + j);
+                hi[u] = load_f(a.k, a.k_dtype, base + j + half);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kPrologueHeads; ++u) {
+            const int h = h0 + u;
+            if (h >= a.nq + a.nkv) break;
+            const float r_lo = lo[u] * float(co) - hi[u] * float(s), r_hi = hi[u] * float(co) + lo[u] * float(s);
+            if (h < a.nq) {
+                const int64_t base = (t * a.nq + h) * a.dk;
+                store_f(a.q, a.q_dtype, base + j, r_lo);
+                store_f(a.q, a.q_dtype, base + j + half, r_hi);
+            } else {
+                const int g = h - a.nq;
+                const int64_t base = (t * a.nkv + g) * a.dk;
+                store_f(a.k, a.k_dtype, base + j, r_lo);
+                store_f(a.k, a.k_dtype, base + j + half, r_hi);
+                if (slot >= 0) {
+                    store_f(a.k_cache, a.kc_dtype, k_slot(g, j), round_to(a.k_dtype, r_lo));
+                    store_f(a.k_cache, a.kc_dtype, k_slot(g, j + half), round_to(a.k_dtype, r_hi));
+                }
+            }
+        }
+        return;
+    }
+    pdl_begin();
+    const int c = item - rotation_items;
+    if (c < a.nkv * k_rest) {  // a k element past the rotary dims: copied
+        const int g = c / k_rest, d = a.rotary_dim + c % k_rest;
+        if (slot >= 0) store_f(a.k_cache, a.kc_dtype, k_slot(g, d), load_f(a.k, a.k_dtype, (t * a.nkv + g) * a.dk + d));
+        return;
+    }
+    const int e = c - a.nkv * k_rest, g = e / a.dv, d = e % a.dv;  // a v element: scaled, copied
+    const int64_t src = (t * a.nkv + g) * a.dv + d;
+    const float x = round_to(a.v_dtype, load_f(a.v, a.v_dtype, src) * a.value_scale);
+    if (a.value_scale != 1.f) store_f(a.v, a.v_dtype, src, x);
+    if (slot >= 0) store_f(a.v_cache, a.vc_dtype, page * a.v_page_stride + (offset * a.nkv + g) * a.dv + d, x);
+}
+
 bool is_i32(const xinfer_tensor& t, int64_t n) { return t.dtype == XINFER_DTYPE_I32 && t.rank >= 1 && numel(t) == n; }
 
 // A cache tensor is accepted as [pages, page_size, n_kv, d], or with page_stride given, any
@@ -483,6 +579,55 @@ int op_kv_store(Context* c, const xinfer_op* op, bool run) {
                       k.data, k.dtype, v.data, v.dtype, k_cache.data, k_cache.dtype, v_cache.data, v_cache.dtype,
                       static_cast<const int32_t*>(b.slot_mapping.data), b.page_size, k_stride, v_stride, nkv * dk,
                       nkv * dv, int(early_reads()));
+}
+
+// XINFER_CUDA_FUSED_PROLOGUE=0 refuses ROPE_KV_STORE, so xinfer runs the four ops (A/B runs).
+int op_rope_kv_store(Context* c, const xinfer_op* op, bool run) {
+    static const bool enabled = env_flag("XINFER_CUDA_FUSED_PROLOGUE", true);
+    if (!enabled) return unsupported(c, op, "turned off by XINFER_CUDA_FUSED_PROLOGUE=0");
+    if (int rc = op_kv_store(c, op, false)) return rc;  // k, v, caches, batch: KV_STORE's rules
+    const xinfer_tensor &k = op->src[0], &v = op->src[1], &k_cache = op->src[2], &v_cache = op->src[3],
+                        &q = op->src[4], &positions = op->src[5];
+    const auto& p = op->params.rope_kv_store;
+    const int64_t T = k.shape[0];
+    if (q.rank != 3 || !is_float(q.dtype) || q.shape[0] != T || q.shape[2] != k.shape[2] || !is_i32(positions, T) ||
+        p.rotary_dim <= 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > k.shape[2])
+        return unsupported(c, op, "q %s, k %s, positions %s, rotary_dim %d: expected q [T, n_q, dk] with k's T and dk, "
+                           "i32 positions [T], even rotary_dim in (0, dk]",
+                           shape_str(q).c_str(), shape_str(k).c_str(), shape_str(positions).c_str(), p.rotary_dim);
+    if (!run || T == 0) return XINFER_OK;
+    const bool fp8 = k_cache.dtype == XINFER_DTYPE_F8_E4M3;
+    const xinfer_attention_batch& b = op->batch;
+    PrologueArgs a{};
+    a.q = q.data;
+    a.k = k.data;
+    a.v = v.data;
+    a.k_cache = k_cache.data;
+    a.v_cache = v_cache.data;
+    a.q_dtype = q.dtype;
+    a.k_dtype = k.dtype;
+    a.v_dtype = v.dtype;
+    a.kc_dtype = k_cache.dtype;
+    a.vc_dtype = v_cache.dtype;
+    a.positions = static_cast<const int32_t*>(positions.data);
+    a.slot_mapping = static_cast<const int32_t*>(b.slot_mapping.data);
+    a.nq = int(q.shape[1]);
+    a.nkv = int(k.shape[1]);
+    a.dk = int(k.shape[2]);
+    a.dv = int(v.shape[2]);
+    a.rotary_dim = p.rotary_dim;
+    a.page_size = b.page_size;
+    a.theta = p.theta;
+    a.value_scale = p.value_scale;
+    a.k_page_stride = cache_page_stride(b, k_cache.dtype, a.nkv, a.dk);
+    a.v_page_stride = cache_page_stride(b, v_cache.dtype, a.nkv, a.dv);
+    a.store = !fp8;
+    a.early = early_reads();
+    const int items = prologue_rotation_items(a.nq, a.nkv, a.rotary_dim) + a.nkv * (a.dk - a.rotary_dim + a.dv);
+    if (int rc = launch_pdl(c, "rope_kv_store_kernel", rope_kv_store_kernel,
+                            dim3(unsigned(T), unsigned(ceil_div(items, kPrologueThreads))), dim3(kPrologueThreads), 0, a))
+        return rc;
+    return fp8 ? op_kv_store(c, op, true) : XINFER_OK;
 }
 
 // attention_decode.cu: split-KV kernel for few query tokens per sequence; XINFER_UNSUPPORTED = not taken.

@@ -130,6 +130,7 @@ const char* op_name(int type) {
         case XINFER_OP_ARGMAX: return "argmax";
         case XINFER_OP_SAMPLE: return "sample";
         case XINFER_OP_CONVERT: return "convert";
+        case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
         default: return "unknown_op";
     }
 }
@@ -371,6 +372,7 @@ int dispatch(Context* c, const xinfer_op* op, bool run) {
         case XINFER_OP_ARGMAX: return op_argmax(c, op, run);
         case XINFER_OP_SAMPLE: return op_sample(c, op, run);
         case XINFER_OP_CONVERT: return op_convert(c, op, run);
+        case XINFER_OP_ROPE_KV_STORE: return op_rope_kv_store(c, op, run);
         default: return unsupported(c, op, "op type %d is not implemented", op->type);
     }
 }

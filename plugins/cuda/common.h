@@ -171,6 +171,7 @@ int op_moe_route(Context* c, const xinfer_op* op, bool run);
 int op_moe_experts(Context* c, const xinfer_op* op, bool run);
 // attention.cu
 int op_kv_store(Context* c, const xinfer_op* op, bool run);
+int op_rope_kv_store(Context* c, const xinfer_op* op, bool run);
 int op_attention(Context* c, const xinfer_op* op, bool run);
 // sampling.cu
 int op_argmax(Context* c, const xinfer_op* op, bool run);

@@ -185,6 +185,35 @@ void Backend::kv_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, 
     run(op);
 }
 
+void Backend::rope_kv_store(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                            const RopeParams& rope_params, float value_scale, const Tensor& k_cache,
+                            const Tensor& v_cache, const AttentionBatch& batch) {
+    xinfer_op op = make_op(XINFER_OP_ROPE_KV_STORE, layer_);
+    op.src[0] = to_abi(k);
+    op.src[1] = to_abi(v);
+    op.src[2] = to_abi(k_cache);
+    op.src[3] = to_abi(v_cache);
+    op.src[4] = to_abi(q);
+    op.src[5] = to_abi(positions);
+    op.params.rope_kv_store.rotary_dim = rope_params.rotary_dim;
+    op.params.rope_kv_store.theta = rope_params.theta;
+    op.params.rope_kv_store.value_scale = value_scale;
+    op.batch = to_abi(batch, int(k_cache.dim(1)));
+    if (supports(op)) return run(op);
+    // The four ops. q and k adjacent in memory (one token's [q | k | v] projection row) rotate in
+    // one launch.
+    const bool adjacent = q.dim(0) == 1 && static_cast<const char*>(q.data) + q.nbytes() == k.data &&
+                          q.dtype == k.dtype && q.dim(2) == k.dim(2);
+    if (adjacent) {
+        rope(Tensor(q.data, q.dtype, {1, q.dim(1) + k.dim(1), q.dim(2)}), positions, rope_params);
+    } else {
+        rope(q, positions, rope_params);
+        rope(k, positions, rope_params);
+    }
+    if (value_scale != 1.f) scale(v, value_scale);
+    kv_store(k, v, k_cache, v_cache, batch);
+}
+
 void Backend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& sinks,
                         const AttentionBatch& batch, const AttentionParams& params, const Tensor& out) {
     xinfer_op op = make_op(XINFER_OP_ATTENTION, layer_);

@@ -137,6 +137,12 @@ public:
     void kv_store(const Tensor& k /*[T, n_kv, dk]*/, const Tensor& v /*[T, n_kv, dv]*/,
                   const Tensor& k_cache /*[pages, page_size, n_kv, dk]*/, const Tensor& v_cache /*[pages, page_size, n_kv, dv]*/,
                   const AttentionBatch& batch);
+    // The attention block's prologue: rope(q), rope(k), scale(v, value_scale), kv_store(k, v). One
+    // op where the backend has it (one launch instead of four on a GPU), else those four.
+    void rope_kv_store(const Tensor& q /*[T, n_q, dk] in/out*/, const Tensor& k /*[T, n_kv, dk] in/out*/,
+                       const Tensor& v /*[T, n_kv, dv] in/out*/, const Tensor& positions /*[T] i32*/,
+                       const RopeParams& rope, float value_scale, const Tensor& k_cache, const Tensor& v_cache,
+                       const AttentionBatch& batch);
     // Paged attention for a batch of sequences with 1..many query tokens each. Optional sinks
     // (per query head, f32; an empty Tensor means none) add one extra logit per head to the
     // softmax whose probability is dropped.

@@ -128,6 +128,15 @@ struct KvStoreSpec {
 };
 OpCase kv_store_case(const KvStoreSpec& s);
 
+struct RopeKvStoreSpec {
+    int64_t T, n_q;
+    int rotary_dim;
+    float theta, value_scale;
+    CacheGeometry cache;  // n_kv, dk, dv of k and v; not fp8 (see rope_kv_store_case)
+    uint32_t seed;
+};
+OpCase rope_kv_store_case(const RopeKvStoreSpec& s);
+
 struct AttentionSpec {
     std::string label;
     std::vector<int> q_lens, kv_lens;  // per sequence; its queries are the last q_len of its kv_len keys

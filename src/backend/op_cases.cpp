@@ -695,6 +695,19 @@ std::vector<OpCase> correctness_cases() {
                                        .layer = 1, .pad = 8, .dtype = f8}, ++seed}));
     cases.push_back(
         kv_store_case({33, {.n_pages = 6, .page_size = 7, .n_kv = 4, .dk = 24, .dv = 16, .dtype = f8}, ++seed}));
+    // The fused attention prologue: MiMo's partial rotary (64 of 192) with a value scale, one
+    // token (q and k rows adjacent as the models lay them out do not matter to the op), a batch;
+    // Qwen3's full rotary; an f32 cache; a pooled cache with an odd page size and head counts.
+    cases.push_back(rope_kv_store_case(
+        {1, 64, 64, 5e6f, 0.707f, {.n_pages = 8, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128}, ++seed}));
+    cases.push_back(rope_kv_store_case(
+        {33, 16, 64, 1e4f, 0.707f, {.n_pages = 8, .page_size = 16, .n_kv = 4, .dk = 192, .dv = 128}, ++seed}));
+    cases.push_back(rope_kv_store_case(
+        {7, 8, 128, 1e6f, 1.f, {.n_pages = 4, .page_size = 16, .n_kv = 2, .dk = 128, .dv = 128, .dtype = bf16}, ++seed}));
+    cases.push_back(rope_kv_store_case(
+        {6, 4, 16, 1e4f, 2.f, {.n_pages = 5, .page_size = 16, .n_kv = 2, .dk = 24, .dv = 16, .dtype = DType::f32}, ++seed}));
+    cases.push_back(rope_kv_store_case({9, 12, 32, 1e4f, 0.5f, {.n_pages = 6, .page_size = 7, .n_kv = 3, .dk = 40, .dv = 24,
+                                                                .pool_layers = 3, .layer = 2, .pad = 8}, ++seed}));
 
     // Attention: every variant the models use. Page size 16 with shuffled tables throughout.
     auto attention = [&](AttentionSpec s) {
@@ -836,6 +849,9 @@ std::vector<OpCase> perf_cases() {
     cases.push_back(sample_case(32, vocab, ++seed));
     cases.push_back(kv_store_case({32, {.n_pages = 4096, .page_size = 16, .n_kv = 4, .dk = 192, .dv = 128}, ++seed}));
     cases.push_back(kv_store_case({4096, {.n_pages = 4096, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128}, ++seed}));
+    for (int64_t T : {1, 64})  // the decode and serving attention prologue of a sliding layer
+        cases.push_back(rope_kv_store_case(
+            {T, 64, 64, 1e4f, 0.707f, {.n_pages = 4096, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128}, ++seed}));
 
     auto attention = [&](AttentionSpec s) {
         s.seed = ++seed;
@@ -1136,6 +1152,16 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
         case XINFER_OP_ROPE: {
             const xinfer_tensor& x = op.src[0];
             cost.bytes = 2.0 * double(x.shape[0] * x.shape[1] * op.params.rope.rotary_dim) * esize(x) + bytes(op.src[1]);
+            break;
+        }
+        case XINFER_OP_ROPE_KV_STORE: {
+            // q and k rotated in place, v scaled in place, k and v rows written to the cache.
+            const CaseTensor* slots = find_slot(data, Slot::slot_mapping);
+            const double stored = slots ? double(std::count_if(slots->ints.begin(), slots->ints.end(), [](int32_t s) { return s >= 0; })) : 0;
+            const xinfer_tensor &k = op.src[0], &v = op.src[1], &q = op.src[4];
+            const double rotated = 2.0 * double(q.shape[0] * (q.shape[1] + k.shape[1]) * op.params.rope_kv_store.rotary_dim);
+            cost.bytes = rotated * esize(q) + 2 * bytes(v) + bytes(k) + bytes(op.src[5]) + bytes(op.batch.slot_mapping) +
+                         stored * double(k.shape[1]) * (double(k.shape[2]) * esize(op.src[2]) + double(v.shape[2]) * esize(op.src[3]));
             break;
         }
         case XINFER_OP_SCALE: cost.bytes = 2 * bytes(op.src[0]); break;

@@ -70,6 +70,43 @@ std::string range_text(const std::vector<int>& v) {
 
 }  // namespace
 
+// The fused prologue against its four ops. Caches compare within the rope tolerance: the reference
+// rotates in f32 and rounds once into the cache, a device may differ in the last bit of the f32
+// rotation (as ROPE may). No fp8-cache case: the reference's f32 rotation and the device's bf16
+// one quantize to different bytes, and fp8 stores are KV_STORE's, which its own cases check.
+OpCase rope_kv_store_case(const RopeKvStoreSpec& s) {
+    const CacheGeometry& g = s.cache;
+    return make_case(XINFER_OP_ROPE_KV_STORE,
+                     fmt::format("rope_kv_store(T={}, q_heads={}, kv_heads={}, d={}/{}, rotary={}, value_scale={:g}, {})",
+                                 s.T, s.n_q, g.n_kv, g.dk, g.dv, s.rotary_dim, s.value_scale, g.describe()),
+                     kElementwise, [s] {
+                         std::mt19937 rng(s.seed);
+                         const CacheGeometry& g = s.cache;
+                         XINFER_CHECK(!g.fp8(), "rope_kv_store_case: fp8 caches are KV_STORE's cases");
+                         CaseData d = start(XINFER_OP_ROPE_KV_STORE);
+                         d.op.params.rope_kv_store.rotary_dim = s.rotary_dim;
+                         d.op.params.rope_kv_store.theta = s.theta;
+                         d.op.params.rope_kv_store.value_scale = s.value_scale;
+                         d.tensors.push_back(act_inout("k", src(0), {s.T, g.n_kv, g.dk}, rng));
+                         d.tensors.push_back(act_inout("v", src(1), {s.T, g.n_kv, g.dv}, rng));
+                         const auto [k_index, v_index] = add_caches(d, g, 2, Access::inout, 0.f);
+                         for (size_t i : {k_index, v_index}) {
+                             for (float& x : d.tensors[i].values) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+                             if (d.tensors[i].access == Access::inout) d.tensors[i].compare = Compare::nmse;
+                         }
+                         d.tensors.push_back(act_inout("q", src(4), {s.T, s.n_q, g.dk}, rng));
+                         std::vector<int32_t> positions(size_t(s.T));
+                         std::uniform_int_distribution<int32_t> position(0, 200000);
+                         for (int32_t& p : positions) p = position(rng);
+                         d.tensors.push_back(i32_input("positions", src(5), {s.T}, positions));
+                         std::vector<int32_t> slots = distinct(g.n_pages * g.page_size, s.T, rng);
+                         for (int64_t t = 0; t < s.T; t += 5) slots[size_t(t)] = -1;  // padding tokens: rotated, not stored
+                         d.tensors.push_back(i32_input("slot_mapping", {Slot::slot_mapping}, {s.T}, slots));
+                         d.op.batch.page_size = int32_t(g.page_size);
+                         return d;
+                     });
+}
+
 // Keys [lo, hi] query position p of a sequence with kv_len keys may see (the CPU's rule).
 std::pair<int64_t, int64_t> visible_keys(int64_t p, int64_t kv_len, int window, bool causal) {
     int64_t lo = 0, hi = kv_len - 1;

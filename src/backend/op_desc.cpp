@@ -53,6 +53,7 @@ const char* op_type_name(int type) {
         case XINFER_OP_ARGMAX: return "argmax";
         case XINFER_OP_SAMPLE: return "sample";
         case XINFER_OP_CONVERT: return "convert";
+        case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
         default: return "unknown";
     }
 }
@@ -83,6 +84,7 @@ Roles roles_of(int type) {
         case XINFER_OP_ARGMAX: return {{"logits"}, {"ids"}};
         case XINFER_OP_SAMPLE: return {{"logits", "temperature", "top_p", "top_k", "uniform"}, {"ids"}};
         case XINFER_OP_CONVERT: return {{"src"}, {"dst"}};
+        case XINFER_OP_ROPE_KV_STORE: return {{"k", "v", "k_cache", "v_cache", "q", "positions"}, {}};
         default: return {};
     }
 }
@@ -113,7 +115,8 @@ std::string describe_op(const xinfer_op& op) {
 
 uint64_t op_bytes(const xinfer_op& op) {
     // KV caches are whole pools of which an op touches a small part, so they are left out.
-    const bool has_cache = op.type == XINFER_OP_ATTENTION || op.type == XINFER_OP_KV_STORE;
+    const bool has_cache =
+        op.type == XINFER_OP_ATTENTION || op.type == XINFER_OP_KV_STORE || op.type == XINFER_OP_ROPE_KV_STORE;
     uint64_t bytes = 0;
     for (int i = 0; i < 8; ++i) {
         const bool is_cache = has_cache && (op.type == XINFER_OP_ATTENTION ? (i == 1 || i == 2) : (i == 2 || i == 3));

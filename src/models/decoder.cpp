@@ -477,22 +477,13 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
             backend_.rmsnorm(q.reshape({n_tokens * n_q, dk}), w.q_norm, eps, q.reshape({n_tokens * n_q, dk}));
             backend_.rmsnorm(k.reshape({n_tokens * n_kv, dk}), w.k_norm, eps, k.reshape({n_tokens * n_kv, dk}));
         }
-        const RopeParams rope{spec.rotary_dim, spec.rope_theta};
-        if (one_qkv_row) {
-            // q and k are adjacent in the row: one launch rotates both sets of heads.
-            backend_.rope(Tensor(q.data, act, {1, n_q + n_kv, dk}), batch.positions, rope);
-        } else {
-            backend_.rope(q, batch.positions, rope);
-            backend_.rope(k, batch.positions, rope);
-        }
-        if (config_.value_scale != 1.f) backend_.scale(v, config_.value_scale);
+        const AttentionBatch& group = batch.groups[size_t(batch.layer_group[il])];
+        const LayerCache& cache = batch.caches[il];
+        backend_.rope_kv_store(q, k, v, batch.positions, {spec.rotary_dim, spec.rope_theta}, config_.value_scale,
+                               cache.k, cache.v, group);
         tap("q", layer, q);
         tap("k", layer, k);
         tap("v", layer, v);
-
-        const AttentionBatch& group = batch.groups[size_t(batch.layer_group[il])];
-        const LayerCache& cache = batch.caches[il];
-        backend_.kv_store(k, v, cache.k, cache.v, group);
         AttentionParams params;
         params.n_q_heads = spec.n_q_heads;
         params.n_kv_heads = spec.n_kv_heads;

@@ -465,14 +465,10 @@ std::vector<std::vector<int32_t>> DFlashDrafter::propose(std::span<const DraftRe
         backend_.matmul(normed, w.v_proj, v.reshape({n_tokens, n_kv * d}));
         backend_.rmsnorm(q.reshape({n_tokens * n_q, d}), w.q_norm, eps, q.reshape({n_tokens * n_q, d}));
         backend_.rmsnorm(k.reshape({n_tokens * n_kv, d}), w.k_norm, eps, k.reshape({n_tokens * n_kv, d}));
-        backend_.rope(q, pos, rope);
-        backend_.rope(k, pos, rope);
-        if (c.value_scale != 1.f) backend_.scale(v, c.value_scale);
-
         // The block's K/V go to its own positions, past the committed context: visible to this
         // forward only, overwritten by the next injection.
         const AttentionBatch& batch = batches[size_t(layer_group_[il])];
-        backend_.kv_store(k, v, caches_[il].k, caches_[il].v, batch);
+        backend_.rope_kv_store(q, k, v, pos, rope, c.value_scale, caches_[il].k, caches_[il].v, batch);
         AttentionParams params;
         params.n_q_heads = c.n_q_heads;
         params.n_kv_heads = c.n_kv_heads;

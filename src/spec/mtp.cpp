@@ -307,11 +307,8 @@ std::vector<int32_t> MtpDrafter::run_head(int head, const HeadBatch& batch, cons
     backend_.matmul(normed, w.q_proj, q.reshape({n, n_q * dk}));
     backend_.matmul(normed, w.k_proj, k.reshape({n, n_kv * dk}));
     backend_.matmul(normed, w.v_proj, v.reshape({n, n_kv * dv}));
-    const RopeParams rope{attn_.rotary_dim, attn_.rope_theta};
-    backend_.rope(q, rope_positions, rope);
-    backend_.rope(k, rope_positions, rope);
-    if (value_scale_ != 1.f) backend_.scale(v, value_scale_);
-    backend_.kv_store(k, v, hc.cache.k, hc.cache.v, ab);
+    backend_.rope_kv_store(q, k, v, rope_positions, {attn_.rotary_dim, attn_.rope_theta}, value_scale_, hc.cache.k,
+                           hc.cache.v, ab);
     AttentionParams params;
     params.n_q_heads = int(n_q);
     params.n_kv_heads = int(n_kv);

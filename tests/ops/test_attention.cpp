@@ -279,5 +279,79 @@ TEST(KvStore, WritesEachTokenIntoItsSlotAndSkipsMinusOne) {
     }
 }
 
+// The CPU's table with ROPE_KV_STORE refused (supports_op 0, run_op an error), as a plugin
+// without the fused op answers: Backend::rope_kv_store must then run the four ops itself.
+const xinfer_backend_api* unfused_cpu_api() {
+    static xinfer_backend_api api = [] {
+        xinfer_backend_api a = *cpu_backend_api();
+        a.supports_op = [](void* ctx, const xinfer_op* op) {
+            return op->type == XINFER_OP_ROPE_KV_STORE ? 0 : cpu_backend_api()->supports_op(ctx, op);
+        };
+        a.run_op = [](void* ctx, const xinfer_op* op) {
+            return op->type == XINFER_OP_ROPE_KV_STORE ? int(XINFER_ERROR) : cpu_backend_api()->run_op(ctx, op);
+        };
+        return a;
+    }();
+    return &api;
+}
+
+// rope(q), rope(k), scale(v), kv_store(k, v) one by one; the fused op; and the fallback of a
+// backend without it: bit-identical q, k, v and caches (f32 activations, as the CPU runs them;
+// bf16 caches); one token with q, k, v adjacent in one projection row (the fallback's single rope
+// launch) and three tokens in separate tensors (one of them a padding token, slot -1).
+TEST(RopeKvStore, FusedOpAndFallbackEqualTheFourOps) {
+    Backend unfused(unfused_cpu_api(), 0, "cpu-unfused");
+    const int n_q = 4, n_kv = 2, dk = 24, dv = 16, n_pages = 3, page_size = 4;
+    const RopeParams rope{16, 10000.f};
+    const float value_scale = 0.707f;
+    for (const int T : {1, 3}) {
+        const std::vector<int32_t> slots = T == 1 ? std::vector<int32_t>{6} : std::vector<int32_t>{3, -1, 9};
+        const std::vector<int32_t> positions = T == 1 ? std::vector<int32_t>{17} : std::vector<int32_t>{5, 0, 123456};
+        const int64_t row = int64_t(n_q + n_kv) * dk + int64_t(n_kv) * dv;  // one token's [q | k | v]
+        const auto qkv_values = random_vector(size_t(T * row), 11, -2.f, 2.f);
+        const auto k_cache_old = random_vector(size_t(n_pages * page_size * n_kv * dk), 12);
+        const auto v_cache_old = random_vector(size_t(n_pages * page_size * n_kv * dv), 13);
+        struct Run {
+            DeviceTensor qkv, k_cache, v_cache;
+            Tensor q, k, v;
+        };
+        auto prepare = [&] {
+            Run r{device_from(qkv_values, DType::f32, {T, row}), device_from(k_cache_old, DType::bf16, {n_pages, page_size, n_kv, dk}),
+                  device_from(v_cache_old, DType::bf16, {n_pages, page_size, n_kv, dv}), {}, {}, {}};
+            char* base = static_cast<char*>(r.qkv.tensor.data);
+            if (T == 1) {  // adjacent slices of the one row
+                r.q = Tensor(base, DType::f32, {1, n_q, dk});
+                r.k = Tensor(base + size_t(n_q * dk) * 4, DType::f32, {1, n_kv, dk});
+                r.v = Tensor(base + size_t((n_q + n_kv) * dk) * 4, DType::f32, {1, n_kv, dv});
+            } else {  // the buffer split into three tensors, each [T, heads, d]
+                r.q = Tensor(base, DType::f32, {T, n_q, dk});
+                r.k = Tensor(base + size_t(T * n_q * dk) * 4, DType::f32, {T, n_kv, dk});
+                r.v = Tensor(base + size_t(T * (n_q + n_kv) * dk) * 4, DType::f32, {T, n_kv, dv});
+            }
+            return r;
+        };
+        DeviceTensor pos = device_from_i32(positions, {T}), slot_mapping = device_from_i32(slots, {T});
+        AttentionBatch batch;
+        batch.slot_mapping = slot_mapping;
+
+        Run want = prepare(), fused = prepare(), fallback = prepare();
+        Backend& cpu = cpu_backend();
+        cpu.rope(want.q, pos, rope);
+        cpu.rope(want.k, pos, rope);
+        cpu.scale(want.v, value_scale);
+        cpu.kv_store(want.k, want.v, want.k_cache, want.v_cache, batch);
+        cpu.rope_kv_store(fused.q, fused.k, fused.v, pos, rope, value_scale, fused.k_cache, fused.v_cache, batch);
+        unfused.rope_kv_store(fallback.q, fallback.k, fallback.v, pos, rope, value_scale, fallback.k_cache,
+                              fallback.v_cache, batch);
+        for (const Run* got : {&fused, &fallback}) {
+            const char* which = got == &fused ? "fused" : "fallback";
+            EXPECT_EQ(to_host(got->qkv), to_host(want.qkv)) << which << ", T = " << T;
+            EXPECT_EQ(to_host(got->k_cache), to_host(want.k_cache)) << which << ", T = " << T;
+            EXPECT_EQ(to_host(got->v_cache), to_host(want.v_cache)) << which << ", T = " << T;
+        }
+        EXPECT_NE(to_host(want.qkv), qkv_values) << "the ops changed nothing, T = " << T;
+    }
+}
+
 }  // namespace
 }  // namespace xinfer::test

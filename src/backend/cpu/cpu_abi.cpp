@@ -77,6 +77,13 @@ void dispatch(const xinfer_op& op) {
         case XINFER_OP_ADD: return add(src(0), src(1));
         case XINFER_OP_CONVERT: return convert(src(0), dst(0));
         case XINFER_OP_KV_STORE: return kv_store(src(0), src(1), src(2), src(3), attention_batch(op));
+        case XINFER_OP_ROPE_KV_STORE: {  // the four ops it stands for, in their order (backend_abi.h)
+            const auto& p = op.params.rope_kv_store;
+            rope(src(4), src(5), {p.rotary_dim, p.theta});
+            rope(src(0), src(5), {p.rotary_dim, p.theta});
+            if (p.value_scale != 1.f) scale(src(1), p.value_scale);
+            return kv_store(src(0), src(1), src(2), src(3), attention_batch(op));
+        }
         case XINFER_OP_ATTENTION:
             if (op.params.attention.k_scale != 1.f || op.params.attention.v_scale != 1.f)
                 fail("cpu: attention with per-tensor k_scale {} / v_scale {} (expected 1; fp8 caches carry per-row "
