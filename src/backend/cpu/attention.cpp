@@ -63,6 +63,17 @@ std::pair<const float*, int64_t> cache_rows_f32(const CacheView& cache, int64_t 
     return {scratch.data(), d};
 }
 
+// Asks for every cache line of `n_rows` consecutive slots of kv head g from (page, slot) on (fp8
+// row scales aside). One head's rows sit n_kv·d elements apart, so with n_kv·d·size ≥ 4 KiB each
+// row lies in its own 4 KiB region, where the hardware prefetchers do not follow.
+void prefetch_rows(const CacheView& cache, int64_t page, int64_t slot, int64_t g, int64_t n_rows) {
+    const int64_t row_bytes = cache.d * int64_t(dtype_size(cache.dtype));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const char* row = cache.row(page, (slot + r) * cache.n_kv + g);
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b);
+    }
+}
+
 // Checks the metadata every sequence-level loop below relies on; returns the sequence of each
 // query token.
 std::vector<int32_t> check_batch(const char* op, const AttentionBatch& batch, int64_t n_tokens, int64_t page_size) {
@@ -209,6 +220,18 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
                                         op, s, j0, logical_page, page, n_pages));
                         break;
                     }
+                    // The next chunk's rows load while this one computes (prefetch_rows says why).
+                    // With the value rows summed by axpy_rows: Qwen3-1.7B, 2,048-key decode, f32
+                    // cache, 2 threads: 1.43 / 1.72 -> 1.16 / 1.14 ms per layer (two A/B pairs).
+                    if (const int64_t next = j0 + n_keys; next <= hi) {
+                        const int32_t next_page = page_table[s * batch.max_pages_per_seq + next / page_size];
+                        const int64_t next_offset = next % page_size;
+                        const int64_t next_keys = std::min({kKeyChunk, page_size - next_offset, hi - next + 1});
+                        if (next_page >= 0 && next_page < n_pages) {
+                            prefetch_rows(k_view, next_page, next_offset, g, next_keys);
+                            prefetch_rows(v_view, next_page, next_offset, g, next_keys);
+                        }
+                    }
                     // Slots offset.. of kv head g of the page.
                     const auto [keys, key_stride] = cache_rows_f32(k_view, page, offset, g, n_keys, k_scratch);
                     const auto [values, value_stride] = cache_rows_f32(v_view, page, offset, g, n_keys, v_scratch);
@@ -235,7 +258,7 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
 #pragma omp simd
                             for (int64_t d = 0; d < dv; ++d) acc_h[d] *= correction;
                         }
-                        for (int64_t j = 0; j < n_keys; ++j) simd::axpy(sh[j], values + j * value_stride, acc_h, dv);
+                        simd::axpy_rows(sh, values, value_stride, n_keys, acc_h, dv);
                     }
                     j0 += n_keys;
                 }

@@ -211,4 +211,27 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
     for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// y[i] += Σ_j a[j] · x[j·stride + i], j = 0..m-1: the sums of m axpy calls, in the same order per
+// element, with y held in registers across the m rows instead of loaded and stored per row.
+inline void axpy_rows(const float* a, const float* x, int64_t stride, int64_t m, float* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+        VecF y0 = load(y + i), y1 = load(y + i + kLanes);
+        for (int64_t j = 0; j < m; ++j) {
+            const VecF aj = broadcast(a[j]);
+            y0 = fma(aj, load(x + j * stride + i), y0);
+            y1 = fma(aj, load(x + j * stride + i + kLanes), y1);
+        }
+        store(y + i, y0);
+        store(y + i + kLanes, y1);
+    }
+    for (; i + kLanes <= n; i += kLanes) {
+        VecF y0 = load(y + i);
+        for (int64_t j = 0; j < m; ++j) y0 = fma(broadcast(a[j]), load(x + j * stride + i), y0);
+        store(y + i, y0);
+    }
+    for (; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) y[i] += a[j] * x[j * stride + i];
+}
+
 }  // namespace xinfer::cpu::simd
