@@ -222,7 +222,7 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
                     }
                     // The next chunk's rows load while this one computes (prefetch_rows says why).
                     // With the value rows summed by axpy_rows: Qwen3-1.7B, 2,048-key decode, f32
-                    // cache, 2 threads: 1.43 / 1.72 -> 1.16 / 1.14 ms per layer (two A/B pairs).
+                    // cache, 2 threads: 1.33 / 1.51 -> 1.13 / 1.19 ms per layer (two A/B pairs).
                     if (const int64_t next = j0 + n_keys; next <= hi) {
                         const int32_t next_page = page_table[s * batch.max_pages_per_seq + next / page_size];
                         const int64_t next_offset = next % page_size;
