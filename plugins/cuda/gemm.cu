@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
     const int64_t row0 = int64_t(blockIdx.y) * R;
     const int rows = int(min(int64_t(R), p.rows - row0));
     const XT* x = static_cast<const XT*>(p.x) + row0 * p.k;
-    void* const y = static_cast<char*>(p.y) + row0 * p.n * (p.y_dtype == XINFER_DTYPE_F32 ? 4 : 2);
+    const int64_t y0 = row0 * p.n;  // element offset of the group's first y row
     const char* w_row = static_cast<const char*>(p.w) + n * p.k * int64_t(16 / E);
 
     // Weights are constant, so the lane's first U chunks may be requested into L2 before the
@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
         if (active && lane == 0)
 #pragma unroll
             for (int j = 0; j < R; ++j)
-                if (j < rows) store_f(y, p.y_dtype, int64_t(j) * p.n + n, acc[j]);
+                if (j < rows) store_f(p.y, p.y_dtype, y0 + int64_t(j) * p.n + n, acc[j]);
         return;
     }
     if (lane == 0)
@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
     if (part == 0 && active && lane < rows) {
         float total = 0.f;
         for (int q = 0; q < S; ++q) total += partial[warp + q][lane];
-        store_f(y, p.y_dtype, int64_t(lane) * p.n + n, total);
+        store_f(p.y, p.y_dtype, y0 + int64_t(lane) * p.n + n, total);
     }
 }
 

@@ -695,9 +695,9 @@ std::vector<OpCase> correctness_cases() {
                                        .layer = 1, .pad = 8, .dtype = f8}, ++seed}));
     cases.push_back(
         kv_store_case({33, {.n_pages = 6, .page_size = 7, .n_kv = 4, .dk = 24, .dv = 16, .dtype = f8}, ++seed}));
-    // The fused attention prologue: MiMo's partial rotary (64 of 192) with a value scale, one
-    // token (q and k rows adjacent as the models lay them out do not matter to the op), a batch;
-    // Qwen3's full rotary; an f32 cache; a pooled cache with an odd page size and head counts.
+    // The fused attention prologue: MiMo's partial rotary (64 of 192) with a value scale at one
+    // token and at 33; Qwen3's full rotary; an f32 cache; a pooled cache with an odd page size and
+    // head counts.
     cases.push_back(rope_kv_store_case(
         {1, 64, 64, 5e6f, 0.707f, {.n_pages = 8, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128}, ++seed}));
     cases.push_back(rope_kv_store_case(
