@@ -461,7 +461,12 @@ __host__ __device__ inline int prologue_rotation_items(int nq, int nkv, int rota
     return (nq + nkv + kPrologueHeads - 1) / kPrologueHeads * (rotary_dim / 2);
 }
 
+// kDtype >= 0: every tensor holds that dtype (the decoder's case), fixed at compile time; the
+// generic instance (-1) switches on each tensor's dtype per access and is ~3x the code, which cost
+// ~5 µs per launch at batch 1 (instruction fetch; ncu: 9.3 µs against 3.9 for rope_kernel).
+template <int kDtype>
 __global__ void __launch_bounds__(kPrologueThreads) rope_kv_store_kernel(PrologueArgs a) {
+    if constexpr (kDtype >= 0) a.q_dtype = a.k_dtype = a.v_dtype = a.kc_dtype = a.vc_dtype = kDtype;
     if (!a.early) pdl_begin();
     const int64_t t = blockIdx.x;
     const int item = int(blockIdx.y) * kPrologueThreads + int(threadIdx.x);
@@ -624,9 +629,15 @@ int op_rope_kv_store(Context* c, const xinfer_op* op, bool run) {
     a.store = !fp8;
     a.early = early_reads();
     const int items = prologue_rotation_items(a.nq, a.nkv, a.rotary_dim) + a.nkv * (a.dk - a.rotary_dim + a.dv);
-    if (int rc = launch_pdl(c, "rope_kv_store_kernel", rope_kv_store_kernel,
-                            dim3(unsigned(T), unsigned(ceil_div(items, kPrologueThreads))), dim3(kPrologueThreads), 0, a))
-        return rc;
+    const dim3 grid(unsigned(T), unsigned(ceil_div(items, kPrologueThreads)));
+    const bool all_bf16 = a.q_dtype == XINFER_DTYPE_BF16 && a.k_dtype == XINFER_DTYPE_BF16 &&
+                          a.v_dtype == XINFER_DTYPE_BF16 && (fp8 || (a.kc_dtype == XINFER_DTYPE_BF16 &&
+                                                                     a.vc_dtype == XINFER_DTYPE_BF16));
+    const int rc = all_bf16 ? launch_pdl(c, "rope_kv_store_kernel<bf16>", rope_kv_store_kernel<XINFER_DTYPE_BF16>, grid,
+                                         dim3(kPrologueThreads), 0, a)
+                            : launch_pdl(c, "rope_kv_store_kernel", rope_kv_store_kernel<-1>, grid,
+                                         dim3(kPrologueThreads), 0, a);
+    if (rc) return rc;
     return fp8 ? op_kv_store(c, op, true) : XINFER_OK;
 }
 

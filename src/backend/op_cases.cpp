@@ -785,6 +785,10 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_experts_case(8, 520, 136, 32, 8, bf16, ++seed));
     cases.push_back(moe_experts_case(8, 256, 64, 8, 8, bf16, ++seed));
     cases.push_back(moe_experts_case(3, 264, 72, 8, 3, bf16, ++seed));
+    // One token's down projection per (row, slot) warp (cuda moe_down_slots_kernel): top-3 (two
+    // rows per block, 6 of 8 warps busy), top-1 (8 rows per block), I past one 2048-element round.
+    cases.push_back(moe_experts_case(1, 264, 2056, 8, 3, bf16, ++seed));
+    cases.push_back(moe_experts_case(1, 136, 64, 4, 1, bf16, ++seed));
     // Experts grouped by expert (moe.cu's grouped tensor-core streams): tokens sharing experts
     // (1-8 tokens over 8 experts, 8-64 over 32, top-8), widths no multiple of the 32/64-column
     // chunk, and FP8 block-scaled weights (128x128 blocks with partial edge blocks: I = 208, H = 272;
