@@ -157,7 +157,16 @@ __device__ __forceinline__ void fill_row_part(__nv_bfloat16* dst, const void* ca
 // read before pdl_wait and then the rest.
 enum TileRows { kAllRows, kOlderKeys, kFreshKeys };
 
+// kBf16: q, caches and out are bf16 with 16-byte rows (the model's case), fixed at compile time so
+// the element-by-element conversion paths drop out of the code a block runs once (at batch 1 a
+// block handles one or two key tiles; session 10 found such launches dominated by instruction
+// fetch in rope_kv_store and rmsnorm).
+template <bool kBf16>
 __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArgs a) {
+    if constexpr (kBf16) {
+        a.q_dtype = a.k_dtype = a.v_dtype = a.out_dtype = XINFER_DTYPE_BF16;
+        a.q_vec = a.k_vec = a.v_vec = true;
+    }
     extern __shared__ __align__(128) unsigned char smem[];
     // Everything up to pdl_wait reads only what no op of this forward writes: the batch metadata
     // (uploaded by the host) and, with early_kv, the cache rows of keys before the sequence's own
@@ -539,6 +548,12 @@ __global__ void attention_decode_combine_kernel(const float* part_o /*[n_split, 
     }
 }
 
+// XINFER_CUDA_ATTN_BF16_INSTANCE=0: every launch takes the generic instance (A/B).
+bool bf16_instance_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_ATTN_BF16_INSTANCE", true);
+    return enabled;
+}
+
 // XINFER_CUDA_DECODE_ATTENTION: 0 = never (the flash kernel of attention.cu for everything),
 // "decode" = only decode-shaped batches (≤ 32 query tokens per sequence on average), default: all.
 int decode_attention_mode() {
@@ -648,10 +663,12 @@ int attention_decode(Context* c, const xinfer_op* op) {
         a.part_o = reinterpret_cast<float*>(c->scratch + off_o);
         a.part_ml = reinterpret_cast<float*>(c->scratch + off_ml);
     }
+    const bool bf16 = a.q_vec && a.k_vec && a.v_vec && out.dtype == XINFER_DTYPE_BF16 && bf16_instance_enabled();
+    const auto kernel = bf16 ? attention_decode_kernel<true> : attention_decode_kernel<false>;
     if (L.total > 48 * 1024)
-        XCUDA_TRY(c, cudaFuncSetAttribute(attention_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
+        XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
     const dim3 grid{unsigned(row_tiles), unsigned(nkv), unsigned(n_split)};
-    if (int rc = launch_pdl(c, "attention_decode_kernel", attention_decode_kernel, grid, dim3(kThreads),
+    if (int rc = launch_pdl(c, "attention_decode_kernel", kernel, grid, dim3(kThreads),
                             size_t(L.total), a))
         return rc;
     if (n_split > 1) {
