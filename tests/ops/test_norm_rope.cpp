@@ -1,7 +1,12 @@
 // embedding, rmsnorm, add_rmsnorm, rope, swiglu, scale and add against float64 references.
+#include "backend/cpu/simd.h"
 #include "op_test_util.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <iostream>
+#include <limits>
 
 namespace xinfer::test {
 namespace {
@@ -151,6 +156,45 @@ TEST(Swiglu, IsSiluOfGateTimesUp) {
             }
         EXPECT_CLOSE(to_host(out), want, kElementwiseTolerance, T << "x" << I);
     }
+}
+
+// The CPU kernels' vector exp (simd::exp_lanes, used by swiglu): within 2 ulp of the correctly
+// rounded e^x wherever that is a normal float, within FLT_MIN below it; NaN, ±inf, overflow and
+// underflow as std::exp.
+TEST(SimdExp, IsWithinTwoUlpAndKeepsSpecialValues) {
+    std::vector<float> xs;
+    for (float x = -110.f; x <= 100.f; x += 0.0137f) xs.push_back(x);
+    for (float x : {0.f, -0.f, 1e-30f, -1e-30f, 88.72f, 88.73f, -87.33f, -103.9f, 89.f, -104.5f, 1e30f, -1e30f})
+        xs.push_back(x);
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    xs.insert(xs.end(), {inf, -inf, nan});
+    while (xs.size() % cpu::simd::kLanes) xs.push_back(0.5f);
+    std::vector<float> got(xs.size());
+    for (size_t i = 0; i < xs.size(); i += cpu::simd::kLanes) cpu::simd::store(&got[i], cpu::simd::exp_lanes(cpu::simd::load(&xs[i])));
+    const auto ulp_distance = [](float a, float b) {
+        int32_t ia, ib;
+        std::memcpy(&ia, &a, 4);
+        std::memcpy(&ib, &b, 4);
+        return std::abs(int64_t(ia) - int64_t(ib));
+    };
+    int64_t worst = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+        const float want = float(std::exp(double(xs[i])));
+        if (std::isnan(xs[i])) {
+            EXPECT_TRUE(std::isnan(got[i])) << "exp(NaN) = " << got[i];
+        } else if (std::isinf(want) || want == 0.f) {
+            EXPECT_TRUE(got[i] == want || (want == 0.f && got[i] < std::numeric_limits<float>::min()))
+                << "exp(" << xs[i] << ") = " << got[i] << ", want " << want;
+        } else if (want < std::numeric_limits<float>::min()) {
+            EXPECT_LE(std::abs(got[i] - want), std::numeric_limits<float>::min()) << "exp(" << xs[i] << ")";
+        } else {
+            const int64_t d = ulp_distance(got[i], want);
+            worst = std::max(worst, d);
+            EXPECT_LE(d, 2) << "exp(" << xs[i] << ") = " << got[i] << ", want " << want;
+        }
+    }
+    EXPECT_EQ(got[std::find(xs.begin(), xs.end(), 0.f) - xs.begin()], 1.f);
+    std::cout << "cpu::simd::exp_lanes: worst " << worst << " ulp over " << xs.size() << " values\n";
 }
 
 TEST(Elementwise, ScaleAndAddInPlace) {

@@ -155,13 +155,22 @@ void swiglu(const Tensor& gate_up, const Tensor& out) {
         fail("swiglu: gate_up {} must be [T, 2·I] for out {} = [T, I]", gate_up.shape_string(), out.shape_string());
     const float* src = gate_up.as<float>();
     float* dst = out.as<float>();
+    // Vector exp (simd::exp_lanes, ≤ 2 ulp) over each row's full vectors, std::exp for the tail:
+    // an element's path depends only on its column, so a row gives the same values in any batch.
+    // (The scalar std::exp loop took ~110 µs per Qwen3-4B decode row, 1.4% of the step.)
+    const int64_t I_vec = I / simd::kLanes * simd::kLanes;
 #pragma omp parallel for schedule(static) if (T * I > kParallelElements)
     for (int64_t t = 0; t < T; ++t) {
         const float* gate = src + t * 2 * I;
         const float* up = gate + I;
         float* row = dst + t * I;
-#pragma omp simd
-        for (int64_t i = 0; i < I; ++i) row[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+        const simd::VecF one = simd::broadcast(1.f), minus_one = simd::broadcast(-1.f);
+        for (int64_t i = 0; i < I_vec; i += simd::kLanes) {
+            const simd::VecF g = simd::load(gate + i);
+            const simd::VecF e = simd::exp_lanes(simd::mul(g, minus_one));  // exp(-g)
+            simd::store(row + i, simd::mul(simd::div(g, simd::add(one, e)), simd::load(up + i)));
+        }
+        for (int64_t i = I_vec; i < I; ++i) row[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
     }
 }
 

@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -33,6 +34,8 @@ inline VecF load(const float* p) { return _mm512_loadu_ps(p); }
 inline void store(float* p, VecF v) { _mm512_storeu_ps(p, v); }
 inline VecF fma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
 inline VecF add(VecF a, VecF b) { return _mm512_add_ps(a, b); }
+inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline VecF div(VecF a, VecF b) { return _mm512_div_ps(a, b); }
 inline float reduce_add(VecF v) { return _mm512_reduce_add_ps(v); }
 // bf16 is the high half of an f32: widen to 32 bits and shift, all in registers.
 inline VecF load_bf16(const uint16_t* p) {
@@ -41,6 +44,18 @@ inline VecF load_bf16(const uint16_t* p) {
 }
 inline VecF load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// e^x per lane, within 2 ulp of std::exp for normal results (see exp_polynomial below); NaN stays
+// NaN, overflow gives inf, underflow a denormal or 0. min/max keep x as their second operand so
+// that a NaN x passes through (they return the second operand when either is NaN).
+inline VecF exp_polynomial(VecF r);
+inline VecF exp_lanes(VecF x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.f), _mm512_min_ps(_mm512_set1_ps(89.f), x));
+    const VecF n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    VecF r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // x - n·ln2, ln2 in two parts
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    return _mm512_scalef_ps(exp_polynomial(r), n);
 }
 // 2·kLanes bf16 from one full-width load: the even-indexed elements are the low halves of each
 // 32-bit lane (shift them up), the odd ones the high halves (mask the low bits off). Cheaper than
@@ -63,6 +78,8 @@ inline VecF load(const float* p) { return _mm256_loadu_ps(p); }
 inline void store(float* p, VecF v) { _mm256_storeu_ps(p, v); }
 inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
 inline VecF add(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecF div(VecF a, VecF b) { return _mm256_div_ps(a, b); }
 inline float reduce_add(VecF v) {
     __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
@@ -80,6 +97,21 @@ inline void load_bf16_even_odd(const uint16_t* p, VecF& even, VecF& odd) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+}
+// e^x per lane as the AVX-512 version; 2^n is applied as 2^(n/2) · 2^(n - n/2), each built in the
+// exponent bits, so that overflow and gradual underflow round once, as scalef does.
+inline VecF exp_polynomial(VecF r);
+inline VecF exp_lanes(VecF x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-104.f), _mm256_min_ps(_mm256_set1_ps(89.f), x));
+    const VecF n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    VecF r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const auto pow2 = [](__m256i e) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+    };
+    return _mm256_mul_ps(_mm256_mul_ps(exp_polynomial(r), pow2(n1)), pow2(n2));
 }
 
 #else
@@ -111,6 +143,14 @@ inline VecF add(VecF a, VecF b) {
     for (int i = 0; i < kLanes; ++i) a.lane[i] += b.lane[i];
     return a;
 }
+inline VecF mul(VecF a, VecF b) {
+    for (int i = 0; i < kLanes; ++i) a.lane[i] *= b.lane[i];
+    return a;
+}
+inline VecF div(VecF a, VecF b) {
+    for (int i = 0; i < kLanes; ++i) a.lane[i] /= b.lane[i];
+    return a;
+}
 inline float reduce_add(VecF v) {
     float sum = 0.f;
     for (float x : v.lane) sum += x;
@@ -132,7 +172,24 @@ inline void load_bf16_even_odd(const uint16_t* p, VecF& even, VecF& odd) {
         odd.lane[i] = bf16_to_f32(p[2 * i + 1]);
     }
 }
+inline VecF exp_lanes(VecF x) {
+    for (float& v : x.lane) v = std::exp(v);
+    return x;
+}
 
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+// e^r for |r| ≤ ln2/2: 1 + r + r²·p(r), p of degree 5 (Cephes expf's coefficients).
+inline VecF exp_polynomial(VecF r) {
+    VecF p = broadcast(1.9875691500e-4f);
+    p = fma(p, r, broadcast(1.3981999507e-3f));
+    p = fma(p, r, broadcast(8.3334519073e-3f));
+    p = fma(p, r, broadcast(4.1665795894e-2f));
+    p = fma(p, r, broadcast(1.6666665459e-1f));
+    p = fma(p, r, broadcast(5.0000001201e-1f));
+    return add(fma(p, mul(r, r), r), broadcast(1.f));
+}
 #endif
 
 // Weight element types as compile-time tags, so one kernel template serves f32, bf16 and f16
