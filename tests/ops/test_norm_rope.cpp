@@ -158,7 +158,7 @@ TEST(Swiglu, IsSiluOfGateTimesUp) {
     }
 }
 
-// The CPU kernels' vector exp (simd::exp_lanes, used by swiglu): within 2 ulp of the correctly
+// The CPU kernels' vector exp (simd::exp_lanes; swiglu, attention softmax): within 2 ulp of the correctly
 // rounded e^x wherever that is a normal float, within FLT_MIN below it; NaN, ±inf, overflow and
 // underflow as std::exp.
 TEST(SimdExp, IsWithinTwoUlpAndKeepsSpecialValues) {
@@ -170,7 +170,8 @@ TEST(SimdExp, IsWithinTwoUlpAndKeepsSpecialValues) {
     xs.insert(xs.end(), {inf, -inf, nan});
     while (xs.size() % cpu::simd::kLanes) xs.push_back(0.5f);
     std::vector<float> got(xs.size());
-    for (size_t i = 0; i < xs.size(); i += cpu::simd::kLanes) cpu::simd::store(&got[i], cpu::simd::exp_lanes(cpu::simd::load(&xs[i])));
+    for (size_t i = 0; i < xs.size(); i += cpu::simd::kLanes)
+        cpu::simd::store(&got[i], cpu::simd::exp_lanes(cpu::simd::load(&xs[i])));
     const auto ulp_distance = [](float a, float b) {
         int32_t ia, ib;
         std::memcpy(&ia, &a, 4);

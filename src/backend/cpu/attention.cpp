@@ -252,7 +252,8 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
                     }
                     for (int64_t h = 0; h < group; ++h) {
                         const size_t row = size_t(u * group + h);
-                        running_max[row] = has_sinks ? sink_data[g * group + h] : -std::numeric_limits<float>::infinity();
+                        running_max[row] =
+                            has_sinks ? sink_data[g * group + h] : -std::numeric_limits<float>::infinity();
                         denom[row] = has_sinks ? 1.f : 0.f;  // the sink's own exp(sink - m), m = sink
                     }
                 }
