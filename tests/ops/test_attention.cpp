@@ -217,6 +217,53 @@ TEST(Attention, MatchesFloat64ReferenceAcrossVariants) {
     for (const AttentionCase& c : cases) run_case(c, seed += 101);
 }
 
+// A token's output does not depend on the batch around it (the CPU walks tiles of several query
+// tokens, each token seeing the same keys in the same chunks in any tile; batched = alone and
+// speculative verification rely on it): every token of a batch, run alone, gives the same bits.
+TEST(Attention, EachTokenEqualsItselfRunAlone) {
+    const std::vector<AttentionCase> cases = {
+        {"sliding 8, sinks, odd page size 5", 4, 2, 24, 16, true, 8, true, 5, {{61, 19}, {44, 9}}, true},
+        {"full causal, sinks, 40-token chunk", 4, 2, 24, 16, true, 0, true, 16, {{90, 40}, {17, 3}}},
+        {"non-causal window 6, page size 7", 2, 1, 24, 16, false, 6, false, 7, {{30, 11}}},
+        {"bf16 cache, sliding 16, GQA 8", 8, 1, 192, 128, true, 16, true, 16, {{80, 12}}, true, DType::bf16},
+        // Pages longer than a key chunk: chunks must follow one grid inside the page.
+        {"sliding 40, sinks, page size 64", 4, 2, 24, 16, true, 40, true, 64, {{150, 21}, {70, 10}}, true},
+        {"full causal, page size 128", 4, 4, 24, 16, true, 0, false, 128, {{200, 17}}},
+    };
+    uint32_t seed = 11;
+    for (const AttentionCase& c : cases) {
+        const Prepared d = prepare(c, seed += 101);
+        const AttentionParams params{c.n_q, c.n_kv, c.dk, c.dv, 0.25f, c.window, c.causal, c.page_size};
+        DeviceTensor k_cache = device_from(d.k_cache, c.cache_dtype, {d.n_pages, c.page_size, c.n_kv, c.dk});
+        DeviceTensor v_cache = device_from(d.v_cache, c.cache_dtype, {d.n_pages, c.page_size, c.n_kv, c.dv});
+        DeviceTensor sinks = c.sinks ? device_from(d.sinks, DType::f32, {c.n_q}) : DeviceTensor{};
+        const auto run = [&](const Prepared& batch, const std::vector<float>& q, int n_seqs) {
+            DeviceBatch b = upload_batch(batch, n_seqs);
+            DeviceTensor dq = device_from(q, DType::f32, {batch.n_tokens, c.n_q, c.dk});
+            DeviceTensor out = device_poisoned({batch.n_tokens, c.n_q, c.dv});
+            cpu_backend().attention(dq, k_cache, v_cache, sinks.tensor, b.batch, params, out);
+            return to_host(out);
+        };
+        const std::vector<float> together = run(d, d.q, int(c.seqs.size()));
+        const size_t row = size_t(c.n_q * c.dv);
+        for (int t = 0; t < d.n_tokens; ++t) {
+            const int s = d.seq_of_token[size_t(t)];
+            Prepared alone = d;
+            alone.cu_q_lens = {0, 1};
+            alone.kv_lens = {d.kv_lens[size_t(s)]};
+            alone.positions = {d.positions[size_t(t)]};
+            alone.page_table.assign(d.page_table.begin() + s * d.max_pages, d.page_table.begin() + (s + 1) * d.max_pages);
+            alone.n_tokens = 1;
+            const size_t q_row = size_t(c.n_q * c.dk);
+            const std::vector<float> q(d.q.begin() + long(t * q_row), d.q.begin() + long((t + 1) * q_row));
+            const std::vector<float> got = run(alone, q, 1);
+            ASSERT_TRUE(std::equal(got.begin(), got.end(), together.begin() + long(t * row)))
+                << c.name << ": token " << t << " (sequence " << s << ", position " << d.positions[size_t(t)]
+                << ") differs alone";
+        }
+    }
+}
+
 TEST(Attention, ReportsAReleasedPageInsideTheWindow) {
     AttentionCase c{"", 2, 1, 24, 16, true, 0, false, 16, {{40, 1}}};
     Prepared d = prepare(c, 3);
