@@ -46,6 +46,14 @@ constexpr int kGemvTokens = 4;  // tokens sharing each loaded weight vector
 // within noise.
 constexpr int64_t kPairElements = 2 * kLanes;
 constexpr int64_t kPrefetchElements = 1024;
+// With one or two tokens, a second, nearer prefetch into L1, so that the loads of the FMA loop hit
+// L1 rather than wait on L2: the bf16 widening and FMAs fill the reorder window with ~2x the µops
+// per byte of f32 weights, which left fewer L2 misses in flight (standalone, 1 GiB of bf16 weights,
+// 2 threads, 9 rounds: 21.1 -> 22.9 GB/s median, f32 weights 25.2 GB/s; 128 / 256 / 512 elements
+// ahead: 22.3 / 22.9 / 23.0; Qwen3-4B decode, three A/B pairs: 19.6-20.2 -> 21.8-23.9 GB/s). With
+// 4-token tiles the extra instructions cost more than they bring (cpu_matmul_bench, T = 4 / 8 / 16:
+// 21.8-24.4 / 13.8-16.0 / 8.5-9.3 -> 20.4-21.0 / 11.7-12.3 / 6.0-6.2 GB/s), so those keep one.
+constexpr int64_t kNearPrefetchElements = 256;
 
 // y[t, r] for kTokens tokens × kRows rows over the full K. xp is x with each full chunk of
 // kPairElements in Weight::load_pair order (permute_pairs), the tail in natural order.
@@ -65,6 +73,12 @@ void gemv_tile(const float* xp /*[kTokens, ldx]*/, int64_t ldx, const typename W
             const char* ahead = reinterpret_cast<const char*>(
                 k_ahead < K ? w + r * K + k_ahead : w + (r + kRows) * K + (k_ahead - K));
             for (size_t line = 0; line < kPairElements * sizeof(*w); line += 64) __builtin_prefetch(ahead + line, 0, 2);
+            if constexpr (kTokens <= 2) {
+                const int64_t k_near = k + kNearPrefetchElements;
+                const char* near = reinterpret_cast<const char*>(
+                    k_near < K ? w + r * K + k_near : w + (r + kRows) * K + (k_near - K));
+                for (size_t line = 0; line < kPairElements * sizeof(*w); line += 64) __builtin_prefetch(near + line, 0, 3);
+            }
             Weight::load_pair(w + r * K + k, wa[r], wb[r]);
         }
 #pragma GCC unroll 4
