@@ -630,14 +630,12 @@ int op_rope_kv_store(Context* c, const xinfer_op* op, bool run) {
     a.early = early_reads();
     const int items = prologue_rotation_items(a.nq, a.nkv, a.rotary_dim) + a.nkv * (a.dk - a.rotary_dim + a.dv);
     const dim3 grid(unsigned(T), unsigned(ceil_div(items, kPrologueThreads)));
-    const bool all_bf16 = a.q_dtype == XINFER_DTYPE_BF16 && a.k_dtype == XINFER_DTYPE_BF16 &&
-                          a.v_dtype == XINFER_DTYPE_BF16 && (fp8 || (a.kc_dtype == XINFER_DTYPE_BF16 &&
-                                                                     a.vc_dtype == XINFER_DTYPE_BF16));
-    const int rc = all_bf16 ? launch_pdl(c, "rope_kv_store_kernel<bf16>", rope_kv_store_kernel<XINFER_DTYPE_BF16>, grid,
-                                         dim3(kPrologueThreads), 0, a)
-                            : launch_pdl(c, "rope_kv_store_kernel", rope_kv_store_kernel<-1>, grid,
-                                         dim3(kPrologueThreads), 0, a);
-    if (rc) return rc;
+    // fp8 caches are not written by this kernel (store = 0), so their dtype does not count.
+    constexpr int bf16 = XINFER_DTYPE_BF16;
+    const bool all_bf16 = a.q_dtype == bf16 && a.k_dtype == bf16 && a.v_dtype == bf16 &&
+                          (fp8 || (a.kc_dtype == bf16 && a.vc_dtype == bf16));
+    const auto kernel = all_bf16 ? rope_kv_store_kernel<bf16> : rope_kv_store_kernel<-1>;
+    if (int rc = launch_pdl(c, "rope_kv_store_kernel", kernel, grid, dim3(kPrologueThreads), 0, a)) return rc;
     return fp8 ? op_kv_store(c, op, true) : XINFER_OK;
 }
 
