@@ -100,7 +100,7 @@ constexpr int kStreamWarps = 8;
 constexpr int kStreamUnroll = 8;  // 16-byte loads per weight row in flight per lane
 
 // 16 bytes of weights that are read once: no L1 allocation, so the activations stay cached.
-__device__ __forceinline__ uint4 load_stream(const __nv_bfloat16* p) {
+__device__ __forceinline__ uint4 load_stream(const void* p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -119,6 +119,45 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
     }
     return acc;
 }
+
+// Sixteen e4m3 weights (exact through f16) against sixteen bf16 activations, f32 sums.
+__device__ __forceinline__ float dot16_e4m3(uint4 w, uint4 x0, uint4 x1) {
+    const __nv_fp8x2_storage_t* wp = reinterpret_cast<const __nv_fp8x2_storage_t*>(&w);
+    const __nv_bfloat162* xp0 = reinterpret_cast<const __nv_bfloat162*>(&x0);
+    const __nv_bfloat162* xp1 = reinterpret_cast<const __nv_bfloat162*>(&x1);
+    float acc = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const float2 a = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(wp[e], __NV_E4M3)));
+        const float2 b = __bfloat1622float2(e < 4 ? xp0[e] : xp1[e - 4]);
+        acc = fmaf(a.x, b.x, acc);
+        acc = fmaf(a.y, b.y, acc);
+    }
+    return acc;
+}
+
+// The down stream reads bf16 weights (8 per 16-byte chunk) or e4m3 weights (16 per chunk, times the
+// block scale of the chunk: block_cols % 16 == 0 puts a chunk inside one scale block).
+template <bool kFp8>
+struct StreamWeights {
+    static constexpr int kBytes = kFp8 ? 1 : 2, kLaneCols = 16 / kBytes;
+    // acc + the chunk w (columns [at, at + kLaneCols) of a row whose block scales start at
+    // scale_row) dotted with x[at, at + kLaneCols) (bf16, 16-byte aligned).
+    static __device__ __forceinline__ float dot(uint4 w, const __nv_bfloat16* x, int64_t at, const float* scale_row,
+                                                int block_cols, float acc) {
+        const uint4* xv = reinterpret_cast<const uint4*>(x + at);
+        if constexpr (kFp8) return fmaf(__ldg(scale_row + at / block_cols), dot16_e4m3(w, xv[0], xv[1]), acc);
+        else return dot8(w, xv[0], acc);
+    }
+};
+
+// Block scales of an expert matrix [E, rows, cols] stored as [E, scale_rows, scale_cols] (e4m3 only).
+struct ExpertScales {
+    const float* scale = nullptr;
+    int64_t rows = 0, cols = 0;
+    int block_rows = 128, block_cols = 128;
+    __device__ const float* row(int64_t e, int64_t r) const { return scale + (e * rows + r / block_rows) * cols; }
+};
 
 __global__ void __launch_bounds__(kStreamWarps * 32)
     moe_gate_up_swiglu_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int top_k, int E,
@@ -213,21 +252,29 @@ __global__ void __launch_bounds__(kStreamWarps * 32)
     if (lane == 0) store_f(out, out_dtype, t * H + n, bad ? __int_as_float(0x7fc00000) : acc);
 }
 
-// One token, bf16 down weights: one warp per (output row n, slot s) streams the 16-byte chunks of
+// One token, bf16 or e4m3 down weights: one warp per (output row n, slot s) streams the 16-byte chunks of
 // down[e_s][n, :] (a row of I values is contiguous: 512 bytes per load instruction) against
 // h[s, :]; a block's 8 warps take its rows_per_block (max(1, 8 / top_k)) rows × top_k slots in
 // turn, and the weighted sum over slots is taken in slot order from shared memory. The grouped
 // down kernel reads 64 bytes of each of 16 rows per instruction and one expert per warp in turn
 // (batch-1 MiMo, 8 experts: 43.9 µs for 134 MB under ncu, 72% of copy bandwidth, while the
-// row-contiguous gate_up stream reaches 96%); this one took 36.2 µs.
-// Needs I % 8 == 0 and 16-byte aligned down and h rows. XINFER_CUDA_MOE_DOWN_SLOTS=0 turns it off.
-constexpr int kSlotUnroll = 8;  // 16-byte loads in flight per lane
+// row-contiguous gate_up stream reaches 96%); this one took 36.2 µs. FP8 experts (67 MB): 31.6 µs
+// against the grouped kernel's 32.7 — both only half of copy bandwidth: widening 16 e4m3 weights
+// to f32 per load costs more instructions than the bytes leave time for.
+// Needs I % 8 (e4m3: 16) == 0 and 16-byte aligned down and h rows. XINFER_CUDA_MOE_DOWN_SLOTS=0
+// turns it off.
+// 16-byte loads in flight per lane: 8 bf16 chunks; 4 e4m3 chunks (the widening needs the registers
+// within __launch_bounds__(256, 4), and MiMo's 2,048-byte e4m3 rows are 4 chunks per lane).
+template <bool kFp8>
+constexpr int kSlotUnroll = kFp8 ? 4 : 8;
 
+template <bool kFp8>
 __global__ void __launch_bounds__(kStreamWarps * 32, 4)
     moe_down_slots_kernel(const __nv_bfloat16* h /*[top_k, I]*/, const int32_t* ids /*[top_k]*/,
                           const float* weights /*[top_k]*/, int top_k, int E,
-                          const __nv_bfloat16* down /*[E, H, I]*/, int64_t I, int64_t H, int rows_per_block,
-                          void* out /*[1, H]*/, int out_dtype) {
+                          const void* down /*[E, H, I] bf16 / e4m3*/, ExpertScales scales, int64_t I, int64_t H,
+                          int rows_per_block, void* out /*[1, H]*/, int out_dtype) {
+    using W = StreamWeights<kFp8>;
     extern __shared__ float slot_dot[];  // [rows_per_block, top_k]
     pdl_begin();  // ids come from the router, h from the gate_up kernel
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -241,20 +288,21 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 4)
             if (lane == 0) slot_dot[unit] = __int_as_float(0x7fc00000);
             continue;
         }
-        const __nv_bfloat16* w = down + (int64_t(e) * H + n) * I;
+        const char* w = static_cast<const char*>(down) + (int64_t(e) * H + n) * I * W::kBytes;
+        const float* scale_row = kFp8 ? scales.row(e, n) : nullptr;
         const __nv_bfloat16* hs = h + int64_t(s) * I;
         float d = 0.f;
-        for (int64_t base = 0; base < I; base += 32 * 8 * kSlotUnroll) {
-            uint4 wv[kSlotUnroll];
+        for (int64_t base = 0; base < I; base += 32 * W::kLaneCols * kSlotUnroll<kFp8>) {
+            uint4 wv[kSlotUnroll<kFp8>];
 #pragma unroll
-            for (int u = 0; u < kSlotUnroll; ++u) {
-                const int64_t at = base + (u * 32 + lane) * 8;
-                if (at < I) wv[u] = load_stream(w + at);
+            for (int u = 0; u < kSlotUnroll<kFp8>; ++u) {
+                const int64_t at = base + (u * 32 + lane) * W::kLaneCols;
+                if (at < I) wv[u] = load_stream(w + at * W::kBytes);
             }
 #pragma unroll
-            for (int u = 0; u < kSlotUnroll; ++u) {
-                const int64_t at = base + (u * 32 + lane) * 8;
-                if (at < I) d = dot8(wv[u], *reinterpret_cast<const uint4*>(hs + at), d);
+            for (int u = 0; u < kSlotUnroll<kFp8>; ++u) {
+                const int64_t at = base + (u * 32 + lane) * W::kLaneCols;
+                if (at < I) d = W::dot(wv[u], hs, at, scale_row, scales.block_cols, d);
             }
         }
         d = warp_sum(d);
@@ -844,7 +892,8 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
 // One token, bf16 experts: every pair has its own expert (a token picks an expert once), so the
 // per-pair stream kernel reads the same bytes as the grouped one, with 512 contiguous bytes of a
 // row per load instruction instead of 64 bytes of 8 rows. MiMo's 8 experts (268 MB) on H200
-// (ncu): 67-70 µs against 77 µs. The grouped down kernel stays: 42 µs against the stream's 51.
+// (ncu): 67-70 µs against 77 µs. FP8 experts keep the grouped kernel: an e4m3 version of this one
+// (16 weights widened to f32 per load) took 51.6 µs for 134 MB against the grouped 41.3 µs.
 int launch_stream_gate_up(Context* c, const GroupedArgs& a) {
     const int64_t P = int64_t(a.T) * a.top_k;
     return launch_pdl(c, "moe_gate_up_swiglu_kernel", moe_gate_up_swiglu_kernel,
@@ -853,12 +902,13 @@ int launch_stream_gate_up(Context* c, const GroupedArgs& a) {
 }
 
 // One token's down projection on moe_down_slots_kernel: a block covers max(1, 8 / top_k) rows.
+template <bool kFp8>
 int launch_down_slots(Context* c, const GroupedArgs& a) {
     const int rows = std::max(1, kStreamWarps / a.top_k);
-    return launch_pdl(c, "moe_down_slots_kernel", moe_down_slots_kernel, dim3(unsigned(ceil_div(a.H, rows))),
+    const ExpertScales scales{a.down_scale, a.dn_scale_rows, a.dn_scale_cols, a.block_rows, a.block_cols};
+    return launch_pdl(c, "moe_down_slots_kernel", moe_down_slots_kernel<kFp8>, dim3(unsigned(ceil_div(a.H, rows))),
                       dim3(kStreamWarps * 32), size_t(rows) * a.top_k * 4, static_cast<const __nv_bfloat16*>(a.h),
-                      a.ids, a.weights, a.top_k, a.E, static_cast<const __nv_bfloat16*>(a.down), a.I, a.H, rows,
-                      a.out, a.out_dtype);
+                      a.ids, a.weights, a.top_k, a.E, a.down, scales, a.I, a.H, rows, a.out, a.out_dtype);
 }
 
 template <int kNT>
@@ -867,8 +917,9 @@ int launch_grouped(Context* c, const GroupedArgs& a, bool gate_up_fp8, bool down
                    : gate_up_fp8            ? launch_grouped_gate_up<true, kNT>(c, a)
                                             : launch_grouped_gate_up<false, kNT>(c, a);
     if (rc) return rc;
-    if (a.T == 1 && !down_fp8 && moe_down_slots_enabled() && a.I % 8 == 0 && pointer_alignment(a.down) >= 16)
-        return launch_down_slots(c, a);
+    // fp8: the caller checked I % 16, block_cols % 64 and 16-byte alignment.
+    if (a.T == 1 && moe_down_slots_enabled() && a.I % 8 == 0 && pointer_alignment(a.down) >= 16)
+        return down_fp8 ? launch_down_slots<true>(c, a) : launch_down_slots<false>(c, a);
     return down_fp8 ? launch_grouped_down<true, kNT>(c, a) : launch_grouped_down<false, kNT>(c, a);
 }
 

@@ -814,6 +814,12 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_experts_fp8_case(2, 1152, 640, 8, 4, 128, 128, ++seed));
     cases.push_back(moe_experts_case(2, 1032, 520, 8, 4, bf16, ++seed));
     cases.push_back(moe_experts_fp8_case(24, 1152, 640, 8, 4, 128, 128, ++seed));  // 4 token tiles
+    // One fp8 token takes the per-pair streams (moe.cu moe_fp8_stream_enabled): rows longer than a
+    // lane's loads in flight (gate_up rows of 4,112 columns, down rows of 2,064: two passes each),
+    // and 64-column blocks.
+    cases.push_back(moe_experts_fp8_case(1, 4112, 1024, 1, 1, 128, 128, ++seed));
+    cases.push_back(moe_experts_fp8_case(1, 256, 2064, 4, 2, 128, 128, ++seed));
+    cases.push_back(moe_experts_fp8_case(1, 192, 320, 16, 3, 64, 64, ++seed));
     cases.push_back(moe_experts_case(24, 1032, 520, 8, 4, bf16, ++seed));
     // Prefill-sized batches (≥ 2,048 pairs: one cuBLASLt GEMM per expert on cuda, FP8 experts
     // widened to bf16 first).

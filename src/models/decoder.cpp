@@ -236,12 +236,15 @@ Tensor DecoderModel::load_fp8(Checkpoint& checkpoint, const std::vector<std::str
         fill_dummy_fp8_weights(backend_, w, scale.scale, stream);
         return w;
     }
-    // The e4m3 bytes as stored, parts back to back.
+    // The e4m3 bytes as stored, parts back to back (row-stacked parts may differ in rows: q, k, v).
     std::vector<uint8_t> host(w.nbytes());
-    const size_t part_bytes = w.nbytes() / names.size();
     std::vector<std::vector<float>> stored(names.size());
+    std::vector<int64_t> read_shape(part_shape.begin(), part_shape.end());
+    size_t offset = 0;
     for (size_t i = 0; i < names.size(); ++i) {
-        checkpoint.read(names[i], part_shape, DType::f8_e4m3, host.data() + i * part_bytes);
+        if (names.size() > 1) read_shape[read_shape.size() - 2] = grids[i].rows;
+        checkpoint.read(names[i], read_shape, DType::f8_e4m3, host.data() + offset);
+        offset += size_t(shaped(DType::f8_e4m3, read_shape).nbytes());
         const TensorInfo& info = checkpoint.info(names[i] + "_scale_inv");
         stored[i].resize(size_t(info.numel()));
         checkpoint.read(info.name, std::span<const int64_t>(info.shape), DType::f32, stored[i].data());
@@ -292,16 +295,42 @@ void DecoderModel::load_qkv(Checkpoint& checkpoint, const std::string& p, int64_
                                   p + "self_attn.v_proj.weight"};
     const int64_t rows[3] = {q_rows, k_rows, v_rows};
     const bool host_memory = backend_.props().host_memory != 0;
-    bool apart = false;  // FP8 that may stay e4m3, or parts stored in different dtypes
+    bool apart = false;  // parts stored in different dtypes, or only some of them FP8 that stays e4m3
     DType dtype = dummy_matrix_dtype();
+    std::vector<Fp8ScaleGrid> grids;  // of the parts that may stay e4m3
     for (int i = 0; i < 3; ++i) {
         const int64_t part_shape[2] = {rows[i], hidden};
-        apart = apart || !fp8_grids(checkpoint, {names[i]}, part_shape).empty();
-        if (options_.dummy || apart) continue;
+        for (const Fp8ScaleGrid& grid : fp8_grids(checkpoint, {names[i]}, part_shape)) grids.push_back(grid);
+        if (options_.dummy || !grids.empty()) continue;
         const DType stored = resident_dtype(checkpoint.info(names[i]).dtype, options_, host_memory, act_dtype_);
-        apart = i > 0 && stored != dtype;
+        apart = apart || (i > 0 && stored != dtype);
         dtype = stored;
     }
+    const int64_t total_rows = q_rows + k_rows + v_rows;
+    if (grids.size() == 3) {
+        // All three FP8: one e4m3 matrix whose op scale grid is fine enough for every part
+        // boundary (fp8_weights.h), so the parts' scales are row views of it.
+        const int64_t block_rows = op_block_rows(grids);
+        if (supports_fp8_matmul(backend_, act_dtype_, total_rows, hidden, block_rows, config_.fp8.block_cols)) {
+            const int64_t part_shape[2] = {q_rows, hidden}, shape[2] = {total_rows, hidden};
+            w.qkv_proj = load_fp8(checkpoint, {names[0], names[1], names[2]}, part_shape, shape, grids, block_rows,
+                                  w.qkv_proj_scale);
+            int64_t row = 0;
+            Tensor* parts[3] = {&w.q_proj, &w.k_proj, &w.v_proj};
+            BlockScales* scales[3] = {&w.q_proj_scale, &w.k_proj_scale, &w.v_proj_scale};
+            for (int i = 0; i < 3; ++i) {
+                *parts[i] = Tensor(static_cast<char*>(w.qkv_proj.data) + size_t(row * hidden), DType::f8_e4m3,
+                                   {rows[i], hidden});
+                *scales[i] = w.qkv_proj_scale;
+                const Tensor& all = w.qkv_proj_scale.scale;
+                scales[i]->scale = Tensor(static_cast<char*>(all.data) + size_t(row / block_rows) * all.row_bytes(),
+                                          DType::f32, {ceil_div(rows[i], block_rows), all.dim(1)});
+                row += rows[i];
+            }
+            return;
+        }
+    }
+    if (!grids.empty()) apart = true;
     if (apart) {
         w.q_proj = load_matrix(checkpoint, {names[0]}, {q_rows, hidden}, {q_rows, hidden}, w.q_proj_scale);
         w.k_proj = load_matrix(checkpoint, {names[1]}, {k_rows, hidden}, {k_rows, hidden}, w.k_proj_scale);
@@ -459,7 +488,7 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         if (one_qkv_row) {
             // One token: its q, k and v are consecutive slices of one [1, q + k + v] row.
             Tensor qkv = scratch.make(act, {1, w.qkv_proj.dim(0)});
-            backend_.matmul(normed, w.qkv_proj, qkv);
+            backend_.matmul(normed, w.qkv_proj, qkv, w.qkv_proj_scale);
             char* row = static_cast<char*>(qkv.data);
             const size_t element = dtype_size(act);
             q = Tensor(row, act, {1, n_q, dk});

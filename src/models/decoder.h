@@ -21,7 +21,8 @@ struct LayerWeights {
     Tensor v_proj;          // [n_kv * dv, hidden]
     // [n_q·dk + n_kv·dk + n_kv·dv, hidden]: q_proj, k_proj and v_proj are views of its row blocks,
     // so a one-token step projects all three in one matmul (one weight stream, not three).
-    // Empty when they are FP8 with block scales (kept apart).
+    // FP8 with block scales when all three are (qkv_proj_scale; the parts' scales are its row
+    // views); empty when only some are (kept apart).
     Tensor qkv_proj;
     Tensor o_proj;          // [hidden, n_q * dv]
     Tensor q_norm, k_norm;  // [dk] f32 (qk_norm models only)
@@ -37,6 +38,7 @@ struct LayerWeights {
     // Block scales of the matrices above that stay f8_e4m3 on the device (FP8 checkpoints on a
     // backend that runs fp8 MATMUL / MOE_EXPERTS; src/models/fp8_weights.h); empty otherwise.
     // br × bc blocks: bc = weight_block_size[1], br = weight_block_size[0] or finer (see there).
+    BlockScales qkv_proj_scale;         // [rows of qkv_proj / br, ceil(hidden / bc)] f32 (views below)
     BlockScales q_proj_scale;           // [ceil(n_q * dk / br), ceil(hidden / bc)] f32
     BlockScales k_proj_scale;           // [ceil(n_kv * dk / br), ceil(hidden / bc)] f32
     BlockScales v_proj_scale;           // [ceil(n_kv * dv / br), ceil(hidden / bc)] f32
@@ -69,7 +71,7 @@ private:
                         std::initializer_list<int64_t> part_shape, std::initializer_list<int64_t> shape);
     void load_experts(Checkpoint& checkpoint, const std::string& prefix, LayerWeights& weights);
     // q_proj, k_proj and v_proj of the layer with prefix `p` (rows: their output widths): as views of
-    // one qkv_proj buffer, or, for FP8 matrices that stay e4m3, as three separate matrices.
+    // one qkv_proj buffer (bf16/f32, or e4m3 when all three are FP8 that stays e4m3), else apart.
     void load_qkv(Checkpoint& checkpoint, const std::string& p, int64_t q_rows, int64_t k_rows, int64_t v_rows,
                   LayerWeights& w);
     // A weight matrix made of `names` stacked along rows (each of `part_shape`; a single name may

@@ -239,13 +239,14 @@ LoadedModel load_on(std::unique_ptr<Backend> backend, const std::filesystem::pat
     return m;
 }
 
-std::vector<float> logits_of(LoadedModel& m, const std::vector<int32_t>& prompt) {
+// chunk 0: the whole prompt in one step; else steps of `chunk` tokens.
+std::vector<float> logits_of(LoadedModel& m, const std::vector<int32_t>& prompt, size_t chunk = 0) {
     RunnerOptions options;
     options.page_size = 4;
     options.max_cached_tokens = 256;
     options.enforce_eager = true;
     Runner runner(*m.model, *m.backend, options);
-    return prompt_logits(runner, prompt);
+    return prompt_logits(runner, prompt, chunk);
 }
 
 TEST(Fp8Weights, ResidentFp8ModelMatchesTheDequantizingOracle) {
@@ -289,8 +290,14 @@ TEST(Fp8Weights, ResidentFp8ModelMatchesTheDequantizingOracle) {
     EXPECT_LE(err, 1e-5);
     const double ref_err = relative_error(logits.data(), fixture.logits.data(), logits.size());
     EXPECT_LE(ref_err, 1e-4);
+    // One token per step: q, k and v in one e4m3 matmul (qkv_proj and its fused scale grid).
+    const std::vector<float> stepped = logits_of(resident, fixture.prompt, 1);
+    const double step_err = relative_error(stepped.data(), expected.data(), stepped.size());
+    EXPECT_LE(step_err, 1e-5);
     std::cout << fmt::format(
-        "[ fp8      ] resident e4m3 vs dequantizing oracle: {:.2e}; vs float64 reference: {:.2e}\n", err, ref_err);
+        "[ fp8      ] resident e4m3 vs dequantizing oracle: {:.2e} (token by token {:.2e}); vs float64 reference: "
+        "{:.2e}\n",
+        err, step_err, ref_err);
 }
 
 // On a real device (XINFER_TEST_DEVICE=cuda): resident FP8 against the dequantized mode and the
