@@ -96,10 +96,11 @@ if [ $engine = 1 ]; then
             [ "$rc" = 0 ] || status=1
             note "xinfer ops-test --backend cuda: rc $rc"
             grep -iE 'fail|pass.*total|summary' "$OUT/ops-test.log" | tail -20 >>"$summary"
-            # Prefill-sized FP8 dense matmuls (widened to bf16, then cuBLASLt) against the CPU reference
-            # on dequantized weights; opt-in cases, since the CPU backend runs no FP8 MATMUL.
+            # Prefill-sized FP8 dense matmuls (widened to bf16, then cuBLASLt) and few-token ones on the
+            # tensor-core GEMV (N 8464 / 8704) against the CPU reference on dequantized weights; opt-in
+            # cases, since the CPU backend runs no FP8 MATMUL.
             ops_test_with XINFER_OPS_TEST_DECODE_MATMULS=1 ops-test-fp8-matmul.log "fp8 cases" \
-                --op matmul --filter '^matmul\(T=(520|600),'
+                --op matmul --filter '^matmul\((T=(520|600),|T=[0-9]+, N=(8464|8704),)'
             # The split-KV kernel runs nearly every attention; the flash kernel it replaced stays the
             # path for FP8 caches and wide heads, so it is checked on the whole attention grid too.
             ops_test_with XINFER_CUDA_DECODE_ATTENTION=0 ops-test-flash-attention.log "flash kernel" --op attention

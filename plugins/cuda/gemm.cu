@@ -12,6 +12,7 @@
 #include "gemm.h"
 
 #include "device_utils.cuh"
+#include "weight_stream.cuh"
 
 #include <mma.h>
 
@@ -487,6 +488,113 @@ int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
     return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 8>, grid, dim3(kStreamThreads), 0, p);
 }
 
+// ---- FP8 few-token GEMV on the tensor cores ---------------------------------------------------------
+// The streaming GEMV above widens every e4m3 weight to f32 for its FMAs: ~4 instructions per weight
+// byte, and MiMo's fused FP8 qkv (60.8 MB) took 35.2 µs on H200, 41% of copy bandwidth. This
+// kernel reads the weights the way the grouped expert kernels do (moe.cu; their e4m3 gate_up runs
+// at 77%): a warp owns a 16-row tile and half of K, widens e4m3 exactly to bf16 A fragments and
+// runs mma.sync with the tokens as B's 8 columns (so T ≤ 8 costs what T = 1 does), its rounds
+// staged through a cp.async ring in shared memory (weight_stream.cuh); the halves meet in shared
+// memory in a fixed order. Needs block_cols % 64 == 0 (a lane quad's 64-column chunk lies in one
+// scale block), block_rows and shard rows % 16 == 0 (a tile lies in one scale row), K % 16 == 0.
+// H200 (ncu, FP8 bench model): the fused qkv 35.2 -> 28.6 µs (50% of copy; still short of the
+// expert kernels: a warp's 32 KB is only 16 rounds); FP8 batch-1 decode 50.7 -> 53.4% of copy, the
+// 8-token DFlash verify step 13.26 -> 10.88 ms. 2 or 1 tiles per block (more, smaller blocks per
+// SM) read the same as 4 (53.0-53.2%).
+constexpr int kFp8MmaTiles = 4;                 // 16-row tiles per block
+constexpr int kFp8MmaWarps = 2 * kFp8MmaTiles;  // two warps per tile, each streaming half of K
+constexpr int kFp8MmaU = 2;                     // 64-column chunks of each of the tile's rows per round
+constexpr int kFp8MmaRing = 4;                  // ring slots (rounds) per warp
+constexpr size_t kFp8MmaRingBytes = size_t(kFp8MmaWarps) * kFp8MmaRing * 2 * kFp8MmaU * 32 * 16;  // 64 KB
+
+__global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(StreamGemv p) {
+    extern __shared__ __align__(16) uint4 fp8_ring[];  // [warps][kFp8MmaRing][2 · kFp8MmaU][32]
+    __shared__ float partner[kFp8MmaTiles][4][32];     // the second half's sums
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, c = lane % 4;
+    const int tile = warp % kFp8MmaTiles, half = warp / kFp8MmaTiles;
+    const int64_t n0 = (int64_t(blockIdx.x) * kFp8MmaTiles + tile) * 16, K = p.k;
+    const bool active = n0 < p.n;  // no early exit: the block synchronizes below
+    constexpr int64_t kChunk = 64, kStep = kChunk * kFp8MmaU;
+    const char* w = static_cast<const char*>(p.w);
+    const char* w0 = w + min(n0 + g, p.n - 1) * K;  // rows g and g + 8 of the tile
+    const char* w1 = w + min(n0 + g + 8, p.n - 1) * K;
+    const int64_t nt = min(n0, p.n - 1);
+    const float* scale_row =
+        p.scale + ((nt / p.shard_rows) * p.blocks_per_shard + (nt % p.shard_rows) / p.block_rows) * p.scale_cols;
+    // B's column g is token g; columns past p.rows repeat the last token and are not stored.
+    const __nv_bfloat16* xr = static_cast<const __nv_bfloat16*>(p.x) + min(g, p.rows - 1) * K;
+
+    struct Round {  // kFp8MmaU chunks of rows g and g + 8
+        uint4 r0[kFp8MmaU], r1[kFp8MmaU];
+    };
+    const auto src = [&](int m, int64_t kb) -> const char* {  // load m = (row m / kFp8MmaU, chunk m % kFp8MmaU)
+        const int64_t col = kb + (m % kFp8MmaU) * kChunk + c * 16;
+        return col < K ? (m < kFp8MmaU ? w0 : w1) + col : nullptr;
+    };
+    // Weights are constant: the first rounds may be requested into L2 before the previous kernel
+    // has finished (programmatic dependent launch); x is read only after the wait.
+    if (active)
+        for (int d = 0; d < kFp8MmaRing - 1; ++d)
+#pragma unroll
+            for (int m = 0; m < 2 * kFp8MmaU; ++m)
+                if (const char* a = src(m, half * kStep + d * 2 * kStep)) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    pdl_begin();
+
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const auto use_round = [&](const Round& r, int64_t kb) {
+#pragma unroll
+        for (int u = 0; u < kFp8MmaU; ++u) {
+            const int64_t chunk = kb + u * kChunk;
+            if (chunk >= K) break;  // warp-uniform
+            AFrag<true> f;
+            f.set(r.r0[u], r.r1[u]);
+            const float s = __ldg(scale_row + chunk / p.block_cols);
+            uint32_t xw[8];
+            load_x_frag<true>(xw, xr, chunk + c * 16, chunk + c * 16 < K);
+            float t[4] = {0.f, 0.f, 0.f, 0.f};
+            f.mma(t, xw);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[i], s, acc[i]);
+        }
+    };
+    if (active)
+        stream_rounds_ring<kFp8MmaRing, 2 * kFp8MmaU, Round>(half * kStep, K, 2 * kStep,
+                                                             fp8_ring + warp * kFp8MmaRing * 2 * kFp8MmaU * 32, lane,
+                                                             src, use_round);
+    if (half == 1)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partner[tile][i][lane] = acc[i];
+    __syncthreads();
+    // Accumulator i: row n0 + g (+8 for i ≥ 2), token 2c + (i & 1).
+    if (half == 0 && active)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int64_t row = n0 + g + (i >= 2 ? 8 : 0);
+            const int token = 2 * c + (i & 1);
+            if (row < p.n && token < p.rows)
+                store_f(p.y, p.y_dtype, int64_t(token) * p.n + row, acc[i] + partner[tile][i][lane]);
+        }
+}
+
+// Whether an FP8 matmul goes to fp8_mma_gemv_kernel: the conditions above, x bf16 16-byte aligned,
+// and enough 64-row blocks to fill the SMs (smaller matrices keep the streaming GEMV, which splits
+// K across warps). XINFER_CUDA_FP8_MMA_GEMV=0 turns it off.
+bool fp8_mma_gemv_fits(const Context* c, const StreamGemv& p, bool x_aligned) {
+    static const bool enabled = env_flag("XINFER_CUDA_FP8_MMA_GEMV", true);
+    return enabled && p.rows >= 1 && p.rows <= 8 && x_aligned && p.k % 16 == 0 && p.block_cols % 64 == 0 &&
+           p.block_rows % 16 == 0 && p.shard_rows % 16 == 0 && pointer_alignment(p.w) >= 16 &&
+           ceil_div(p.n, int64_t(16 * kFp8MmaTiles)) >= std::max(c->sm_count, 1) && p.n < (int64_t(1) << 31);
+}
+
+int launch_fp8_mma_gemv(Context* c, const StreamGemv& p) {
+    static_assert(kFp8MmaRingBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
+    XCUDA_TRY(c, cudaFuncSetAttribute(fp8_mma_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(kFp8MmaRingBytes)));
+    return launch_pdl(c, "fp8_mma_gemv_kernel", fp8_mma_gemv_kernel,
+                      dim3(unsigned(ceil_div(p.n, int64_t(16 * kFp8MmaTiles)))), dim3(kFp8MmaWarps * 32),
+                      kFp8MmaRingBytes, p);
+}
+
 // XINFER_CUDA_DENSE_GEMV=0 restores the previous routing (cuBLASLt for bf16/f32 weights, gemv_kernel
 // for f8), =all sends every fitting T ≤ 8 matmul to the streaming GEMV; unset: the fixed rule below.
 int dense_gemv_mode() {  // 0 off, 1 rule, 2 all
@@ -824,6 +932,8 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
                 p.shard_rows = shard_rows;
                 p.blocks_per_shard = blocks_per_shard;
                 p.one_scale = bc % 16 == 0;
+                if (fp8_mma_gemv_fits(c, p, convert || pointer_alignment(x.data) >= 16))
+                    return launch_fp8_mma_gemv(c, p);
             }
             return launch_stream_gemv(c, p, w.dtype, stream_x);
         }

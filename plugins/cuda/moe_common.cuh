@@ -1,9 +1,11 @@
 // Device pieces shared by the expert kernels of moe.cu and moe_staged.cu: the in-block grouping
-// of (token, slot) pairs by expert, the bf16 tensor-core mma, and the slot-order combine.
+// of (token, slot) pairs by expert and the slot-order combine (the tensor-core weight stream
+// pieces are in weight_stream.cuh).
 #pragma once
 
 #include "common.h"
 #include "device_utils.cuh"
+#include "weight_stream.cuh"
 
 #include <cstdint>
 
@@ -68,17 +70,6 @@ __device__ int moe_block_plan(const int32_t* ids, int P, int E, int* cnt /*[E]*/
 
 // Shared memory of the plan, in ints.
 __host__ __device__ inline int64_t moe_plan_ints(int64_t P, int64_t E) { return 2 * E + P + (P < E ? P : E); }
-
-// d[16×8] += a[16×16] · b[16×8], bf16 in, f32 accumulate. a0/a2: row g, a1/a3: row g+8;
-// a0/a1 and b0 hold k = 2c, 2c+1; a2/a3 and b1 hold k = 2c+8, 2c+9.
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // out[t, h] = Σ_slot weights[t, slot] · dn[row(t·k + slot), h], row = dn_row[pair] (null: the
 // pair itself), summed in slot order (deterministic); a pair with an invalid expert id poisons its

@@ -466,6 +466,12 @@ void add_decode_matmul_cases(std::vector<OpCase>& cases, uint32_t& seed) {
     cases.push_back(matmul_fp8_case(5, 1000, 4160, 128, 128, 5, false, ++seed));  // 200-row shards, partial blocks
     cases.push_back(matmul_fp8_case(3, 512, 4096, 128, 48, 1, false, ++seed));
     cases.push_back(matmul_fp8_case(2, 300, 4000, 128, 100, 1, false, ++seed));   // a chunk straddles two scales
+    // FP8 GEMVs with enough rows for the tensor-core path on cuda (gemm.cu fp8_mma_gemv_kernel:
+    // ≥ 64 rows per SM): a partial last tile and 64-column chunk, 64-column blocks, 1 to 8 tokens,
+    // and a scale grid restarting every 2,176-row shard.
+    for (int T : {1, 5, 8}) cases.push_back(matmul_fp8_case(T, 8464, 1104, 128, 128, 1, false, ++seed));
+    cases.push_back(matmul_fp8_case(1, 8464, 1104, 128, 64, 1, false, ++seed));
+    cases.push_back(matmul_fp8_case(2, 8704, 1040, 128, 128, 4, false, ++seed));
     cases.push_back(matmul_case(1, 152576, 4096, DType::bf16, ++seed));          // lm_head
     // Prefill-sized FP8 (≥ 512 rows: the weight widened to bf16, then cuBLASLt on cuda): a
     // head-sharded scale grid with partial blocks, and 48-column blocks.

@@ -1,0 +1,174 @@
+// Tensor-core weight streams shared by the few-token kernels (moe.cu's grouped experts, gemm.cu's
+// FP8 GEMV): the bf16 mma, 16-byte streaming loads, e4m3 → bf16 A fragments, activation
+// fragments, and the register / shared-memory-ring round pipelines.
+//
+// mma.sync m16n8k16: a warp owns 16 weight rows (lane (g, c) = (lane/4, lane%4) holds rows g and
+// g + 8), and the 8 columns of B are 8 activation rows (tokens or pairs). The mma's k order is a
+// permutation of the columns, the same for weights and activations: lane (g, c) loads columns
+// [c·w, c·w + w) of each chunk of 4w (w = 8 bf16 or 16 e4m3 per 16-byte load), and so does its
+// activation fragment.
+#pragma once
+
+#include "common.h"
+#include "device_utils.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace xcuda {
+namespace {
+
+// d[16×8] += a[16×16] · b[16×8], bf16 in, f32 accumulate. a0/a2: row g, a1/a3: row g+8;
+// a0/a1 and b0 hold k = 2c, 2c+1; a2/a3 and b1 hold k = 2c+8, 2c+9.
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Each lane's 16 bytes are a quarter of a 64-byte run of one weight row (8 rows per warp load), so
+// the load asks L2 for the whole 128-byte line: the next load of the lane's quad finds the other
+// half there. H200, 8 experts' 134 MB read in this pattern (cuda-stream-patterns, plugins/cuda/dev):
+// 3.5 TB/s without the hint, 4.0 with it, as fast as whole 512-byte row segments (.L2::256B gained
+// the same, .L2::64B nothing); the whole MoE op at T = 8 over 8 experts 131 -> 122 µs.
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// Two e4m3 values (the low 16 bits of v) to bf16x2, exactly (e4m3 ⊂ f16 ⊂ f32, and bf16 holds
+// every e4m3 value).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// One chunk's A fragments (rows g and g+8), ready for the mma: bf16 chunks are 32 columns (two
+// k16 steps), fp8 chunks 64 columns (four).
+template <bool kFp8>
+struct AFrag {
+    static constexpr int kSteps = kFp8 ? 4 : 2;
+    uint32_t a[kSteps][4];
+    __device__ __forceinline__ void set(uint4 r0, uint4 r1) {
+        if constexpr (kFp8) {
+            const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {  // step m: columns 16c + 4m .. 16c + 4m + 3
+                a[m][0] = e4m3x2_to_bf16x2(w0[m]);
+                a[m][1] = e4m3x2_to_bf16x2(w1[m]);
+                a[m][2] = e4m3x2_to_bf16x2(w0[m] >> 16);
+                a[m][3] = e4m3x2_to_bf16x2(w1[m] >> 16);
+            }
+        } else {  // step m: columns 8c + 4m .. 8c + 4m + 3
+            a[0][0] = r0.x, a[0][1] = r1.x, a[0][2] = r0.y, a[0][3] = r1.y;
+            a[1][0] = r0.z, a[1][1] = r1.z, a[1][2] = r0.w, a[1][3] = r1.w;
+        }
+    }
+    // d += A · X for one 8-pair tile; xw = the lane's activations at its columns of the chunk
+    // (8 bf16 in xw[0..3], fp8 chunks 16 in xw[0..7]).
+    __device__ __forceinline__ void mma(float (&d)[4], const uint32_t* xw) const {
+#pragma unroll
+        for (int m = 0; m < kSteps; ++m) mma_16816(d, a[m][0], a[m][1], a[m][2], a[m][3], xw[2 * m], xw[2 * m + 1]);
+    }
+};
+
+// The lane's activation fragment of one chunk: columns [col, col + 8·(1 + kFp8)), zero past the end.
+// kL2: through L2 only (`h`, which the gate_up grid writes while a PDL-launched down grid already
+// runs, so it is not read-only for the reader's lifetime); else the read-only path (x, reused from
+// L1 by the block's other row tiles).
+template <bool kFp8, bool kL2>
+__device__ __forceinline__ uint4 load_act16(const __nv_bfloat16* p) {
+    if constexpr (kL2) return __ldcg(reinterpret_cast<const uint4*>(p));
+    else return __ldg(reinterpret_cast<const uint4*>(p));
+}
+template <bool kFp8, bool kL2 = false>
+__device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat16* row, int64_t col, bool ok) {
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    const uint4 v0 = ok ? load_act16<kFp8, kL2>(row + col) : z;
+    xw[0] = v0.x, xw[1] = v0.y, xw[2] = v0.z, xw[3] = v0.w;
+    if constexpr (kFp8) {
+        const uint4 v1 = ok ? load_act16<kFp8, kL2>(row + col + 8) : z;
+        xw[4] = v1.x, xw[5] = v1.y, xw[6] = v1.z, xw[7] = v1.w;
+    }
+}
+
+// Streams the rounds at kb = begin, begin + step, ... < end: load_round(w, kb) issues a round's
+// weight loads into registers, use_round(w, kb) consumes them. kPipe: the next round's loads are
+// issued before the current round is used (two register sets of half the size), so a warp always
+// has loads in flight; without it a warp alternates between waiting for a whole round and computing.
+template <bool kPipe, typename Round, typename Load, typename Use>
+__device__ __forceinline__ void stream_rounds(int64_t begin, int64_t end, int64_t step, const Load& load_round,
+                                              const Use& use_round) {
+    if constexpr (kPipe) {
+        Round a, b;
+        if (begin < end) load_round(a, begin);
+        for (int64_t kb = begin; kb < end; kb += 2 * step) {
+            if (kb + step < end) load_round(b, kb + step);
+            use_round(a, kb);
+            if (kb + step >= end) break;
+            if (kb + 2 * step < end) load_round(a, kb + 2 * step);
+            use_round(b, kb + step);
+        }
+    } else {
+        for (int64_t kb = begin; kb < end; kb += step) {
+            Round a;
+            load_round(a, kb);
+            use_round(a, kb);
+        }
+    }
+}
+
+// The same stream staged through shared memory: a round is M 16-byte loads per lane (Round is
+// uint4[M]); cp.async copies them into the warp's ring of kRing slots, laid out [slot][m][lane] so
+// that a lane's read-back is conflict-free, and the lane reads back only what it copied itself (no
+// barrier). kRing - 1 rounds stay in flight per warp without holding registers: the register
+// paths above keep at most two rounds, and their warps sat on long-scoreboard stalls at a quarter
+// occupancy (ncu, FP8 experts, session 6). src(m, kb) is load m's address, or null (zero).
+__device__ __forceinline__ void cp_async16_or_zero(uint4* dst, const void* src) {
+    if (!src) {
+        *dst = make_uint4(0, 0, 0, 0);  // read back by this lane only: ordered after this store
+        return;
+    }
+    const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+template <int kRing, int M, typename Round, typename Src, typename Use>
+__device__ __forceinline__ void stream_rounds_ring(int64_t begin, int64_t end, int64_t step, uint4* ring /*[kRing][M][32]*/,
+                                                   int lane, const Src& src, const Use& use_round) {
+    static_assert(sizeof(Round) == M * 16, "a round is M 16-byte loads");
+    const auto issue = [&](int slot, int64_t kb) {
+        if (kb < end)
+#pragma unroll
+            for (int m = 0; m < M; ++m) cp_async16_or_zero(ring + (slot * M + m) * 32 + lane, src(m, kb));
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    // Round i lives in slot i % kRing; rounds 0 .. kRing - 2 go out first.
+#pragma unroll
+    for (int d = 0; d < kRing - 1; ++d) issue(d, begin + d * step);
+    int slot = 0;
+    for (int64_t kb = begin; kb < end; kb += step) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(kRing - 2));  // round i has landed
+        // Round i + kRing - 1 into the slot that round i - 1 used (read back last iteration).
+        issue(slot == 0 ? kRing - 1 : slot - 1, kb + (kRing - 1) * step);
+        Round w;
+        uint4* wv = reinterpret_cast<uint4*>(&w);
+#pragma unroll
+        for (int m = 0; m < M; ++m) wv[m] = ring[(slot * M + m) * 32 + lane];
+        use_round(w, kb);
+        slot = slot + 1 == kRing ? 0 : slot + 1;
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+
+}  // namespace
+}  // namespace xcuda
