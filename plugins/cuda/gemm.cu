@@ -500,7 +500,8 @@ int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
 // H200 (ncu, FP8 bench model): the fused qkv 35.2 -> 28.6 µs (50% of copy; still short of the
 // expert kernels: a warp's 32 KB is only 16 rounds); FP8 batch-1 decode 50.7 -> 53.4% of copy, the
 // 8-token DFlash verify step 13.26 -> 10.88 ms. 2 or 1 tiles per block (more, smaller blocks per
-// SM) read the same as 4 (53.0-53.2%).
+// SM) read the same as 4 (53.0-53.2%), and a ring of 6 slots instead of 4 slightly less (52.8-52.9
+// against 53.1-53.2%).
 constexpr int kFp8MmaTiles = 4;                 // 16-row tiles per block
 constexpr int kFp8MmaWarps = 2 * kFp8MmaTiles;  // two warps per tile, each streaming half of K
 constexpr int kFp8MmaU = 2;                     // 64-column chunks of each of the tile's rows per round
