@@ -38,7 +38,7 @@ struct LayerWeights {
     // Block scales of the matrices above that stay f8_e4m3 on the device (FP8 checkpoints on a
     // backend that runs fp8 MATMUL / MOE_EXPERTS; src/models/fp8_weights.h); empty otherwise.
     // br × bc blocks: bc = weight_block_size[1], br = weight_block_size[0] or finer (see there).
-    BlockScales qkv_proj_scale;         // [rows of qkv_proj / br, ceil(hidden / bc)] f32 (views below)
+    BlockScales qkv_proj_scale;         // [ceil(rows of qkv_proj / br), ceil(hidden / bc)] f32 (views below)
     BlockScales q_proj_scale;           // [ceil(n_q * dk / br), ceil(hidden / bc)] f32
     BlockScales k_proj_scale;           // [ceil(n_kv * dk / br), ceil(hidden / bc)] f32
     BlockScales v_proj_scale;           // [ceil(n_kv * dv / br), ceil(hidden / bc)] f32
