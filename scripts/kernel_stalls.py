@@ -8,29 +8,11 @@ throughput) before it is changed.
     scripts/kernel_stalls.py LOG [--metric REGEX]      (LOG may be gzip-compressed)
 """
 import argparse
-import csv
-import gzip
-import io
 import re
 import sys
 from collections import defaultdict
 
-
-def read_rows(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        text = f.read()
-    start = text.find('"ID"')  # ncu prints ==PROF== lines before the CSV header
-    if start < 0:
-        sys.exit(f"{path}: no ncu CSV header (\"ID\",...) found")
-    return list(csv.DictReader(io.StringIO(text[start:])))
-
-
-def kernel_name(row):
-    name = row["Kernel Name"].split("(")[0]
-    for prefix in ("void ", "xcuda::<unnamed>::", "xcuda::"):
-        name = name.replace(prefix, "")
-    return name
+from kernel_times import kernel_name, read_csv  # same directory: the ncu CSV reading is shared
 
 
 def number(text):
@@ -50,7 +32,7 @@ def main():
     # (kernel, grid, block) -> (section, metric, unit) -> [sum, count]; launches counted by ID.
     metrics = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
     launches = defaultdict(set)
-    for row in read_rows(args.log):
+    for row in read_csv(args.log):
         value = number(row.get("Metric Value", ""))
         if value is None or not wanted.search(row.get("Metric Name", "")):
             continue

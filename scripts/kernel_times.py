@@ -26,14 +26,19 @@ import sys
 from collections import defaultdict
 
 
-def read_rows(path):
+def read_csv(path):
+    """Every row of an ncu --csv log (plain or gzip-compressed)."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         text = f.read()
     start = text.find('"ID"')  # ncu prints ==PROF== lines before the CSV header
     if start < 0:
         sys.exit(f"{path}: no ncu CSV header (\"ID\",...) found")
-    rows = [r for r in csv.DictReader(io.StringIO(text[start:])) if r.get("Metric Name") == "gpu__time_duration.sum"]
+    return list(csv.DictReader(io.StringIO(text[start:])))
+
+
+def read_rows(path):
+    rows = [r for r in read_csv(path) if r.get("Metric Name") == "gpu__time_duration.sum"]
     if not rows:
         sys.exit(f"{path}: no gpu__time_duration.sum rows")
     return rows
