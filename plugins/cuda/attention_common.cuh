@@ -51,29 +51,40 @@ struct RowTile {
     int q_len = 0;
     int64_t row0 = 0;
 };
-// Every block walks the sequences before its own, so the walk must be cheap: the kernels' tile
+// Every block looks for its tile among all the sequences before its own, so the search must be
+// short: a warp takes 32 sequences at a time (one offset load per lane, a prefix sum of their
+// tile counts by shuffles, a ballot for the one holding `tile`). Walking them one by one was a
+// chain of up to n_seqs dependent loads in every block (~64 at serving concurrency 64). Tile
 // sizes are powers of two and divide by a shift (a 64-bit division by a runtime value is a ~100-
-// instruction subroutine, and per sequence it made most of the instructions of a decode block
-// near the end of a 64-sequence batch: ncu, session 8), and each step loads one offset.
+// instruction subroutine: ncu, session 8). Every lane of the calling warp must call it.
 __device__ __forceinline__ RowTile find_row_tile(const int32_t* cu_q_lens, int n_seqs, int group, int tile_rows,
                                                  int64_t tile) {
     const int shift = __ffs(tile_rows) - 1;
     const bool pow2 = tile_rows == 1 << shift;
+    const int lane = threadIdx.x % 32;
     RowTile t;
-    int64_t first = 0;
-    int prev = cu_q_lens[0];
-    for (int i = 0; i < n_seqs; ++i) {
-        const int next = cu_q_lens[i + 1], q_len = next - prev;
-        prev = next;
+    int64_t first = 0;  // tiles of the sequences before this group of 32
+    for (int base = 0; base < n_seqs; base += 32) {
+        const int i = base + lane;
+        const int q_len = i < n_seqs ? cu_q_lens[i + 1] - cu_q_lens[i] : 0;
         const int64_t rows_up = int64_t(q_len) * group + tile_rows - 1;
-        const int64_t tiles = pow2 ? rows_up >> shift : rows_up / tile_rows;
-        if (tile < first + tiles) {
-            t.seq = i;
-            t.q_len = q_len;
-            t.row0 = (tile - first) * tile_rows;
+        const int64_t tiles = q_len == 0 ? 0 : pow2 ? rows_up >> shift : rows_up / tile_rows;
+        int64_t end = tiles;  // inclusive prefix sum: one past this sequence's last tile in the group
+#pragma unroll
+        for (int off = 1; off < 32; off *= 2) {
+            const int64_t v = __shfl_up_sync(0xffffffffu, end, off);
+            if (lane >= off) end += v;
+        }
+        const int64_t start = first + end - tiles;
+        const unsigned hit = __ballot_sync(0xffffffffu, tile >= start && tile < start + tiles);
+        if (hit) {
+            const int src = __ffs(hit) - 1;
+            t.seq = base + src;
+            t.q_len = __shfl_sync(0xffffffffu, q_len, src);
+            t.row0 = (tile - __shfl_sync(0xffffffffu, start, src)) * tile_rows;
             return t;
         }
-        first += tiles;
+        first += __shfl_sync(0xffffffffu, end, 31);
     }
     return t;
 }

@@ -47,6 +47,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDv = 128;     // O lives in registers: dv_pad / 8 n-tiles of 4 floats
 constexpr int kMaxDk = 256;
+constexpr int kMaxSplits = 128;  // key-range splits per (row tile, KV head): the combine's capacity
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodeArgs {
@@ -64,6 +65,7 @@ struct DecodeArgs {
     int64_t k_page_stride, v_page_stride, T;  // elements
     int q_dtype, k_dtype, v_dtype, out_dtype;
     int n_seqs, max_pages, page_size;
+    int page_shift;            // log2(page_size) when it is a power of two, else -1
     int nq, nkv, group, dk, dv, dk_pad, dv_pad;
     float scale_log2;          // softmax_scale · log2(e): scores are kept in log2 units
     int window, causal, n_split;
@@ -226,6 +228,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     // pdl_wait. Without early loads every key counts as fresh.
     const int fresh_lo = a.early_kv ? kv_len - qlen : INT_MIN;
 
+    // A key's logical page: a shift for the usual power-of-two page sizes (a division by a runtime
+    // value is ~20 dependent instructions, and the loader needs two per key row per tile).
+    const auto page_of = [&](int j) { return a.page_shift >= 0 ? j >> a.page_shift : j / a.page_size; };
+    const int32_t* page_row = a.page_table + int64_t(s) * a.max_pages;
     // Loader: thread → (key kk = pass·32 + tid/4, a quarter of its 16-byte chunks). The page
     // numbers of a tile are read one tile ahead of its copies (fetch_pages, then issue_tile an
     // iteration later), so the page-table latency never sits between two tiles' copies.
@@ -237,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
             bool needed = false;
             if (j <= key_hi)
                 for (int i = 0; i < ntok && !needed; ++i) needed = j >= tok_lo[i] && j <= tok_hi[i];
-            page[pass] = needed ? a.page_table[int64_t(s) * a.max_pages + j / a.page_size] : kNotNeeded;
+            page[pass] = needed ? page_row[page_of(j)] : kNotNeeded;
         }
     };
     // Rows of keys nobody needs are zeroed and rows on released pages NaN-filled with the older
@@ -256,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
                 if (page[pass] < 0) {
                     ks = kNaN;
                 } else {
-                    const int64_t slot_row = int64_t(j % a.page_size) * a.nkv + g;
+                    const int64_t slot_row = int64_t(j - page_of(j) * a.page_size) * a.nkv + g;
                     ks = int64_t(page[pass]) * a.k_page_stride + slot_row * a.dk;
                     vs = int64_t(page[pass]) * a.v_page_stride + slot_row * a.dv;
                 }
@@ -382,6 +388,12 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
                 }
                 // Scale to log2 units, mask, online softmax per row (a row's 16 scores are spread
                 // over the 4 lanes of a quad).
+                // Steps whose 16 keys every row of the warp sees (all but a row's first and last
+                // steps) skip the per-score mask.
+                bool whole = true;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) whole &= lo_r[h] <= j0 && j0 + 15 <= hi_r[h];
+                whole = __all_sync(0xffffffffu, whole);
                 float corr[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
@@ -392,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
                         for (int e = 0; e < 2; ++e) {
                             const int j = j0 + n * 8 + 2 * tid4 + e;
                             float v = sc[n][2 * h + e] * a.scale_log2;
-                            if (j < lo_r[h] || j > hi_r[h]) v = -INFINITY;
+                            if (!whole && (j < lo_r[h] || j > hi_r[h])) v = -INFINITY;
                             sc[n][2 * h + e] = v;
                             mx = fmaxf(mx, v);
                         }
@@ -413,13 +425,16 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
                         }
                     l_r[h] = l_r[h] * corr[h] + sum;
                 }
+                // Rescale O only when some row's max moved (in decode it rarely does after the
+                // first keys; multiplying by exactly 1 changes nothing, so skipping is exact).
+                if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f))
 #pragma unroll
-                for (int j = 0; j < kMaxDv / 8; ++j) {
-                    o[j][0] *= corr[0];
-                    o[j][1] *= corr[0];
-                    o[j][2] *= corr[1];
-                    o[j][3] *= corr[1];
-                }
+                    for (int j = 0; j < kMaxDv / 8; ++j) {
+                        o[j][0] *= corr[0];
+                        o[j][1] *= corr[0];
+                        o[j][2] *= corr[1];
+                        o[j][3] *= corr[1];
+                    }
                 // O[16 rows, dv] += P[16 rows, 16 keys] · V[16 keys, dv]; P from the S accumulators.
                 const uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]),
                                         pack_bf16(sc[1][0], sc[1][1]), pack_bf16(sc[1][2], sc[1][3])};
@@ -521,30 +536,75 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     }
 }
 
-// One block per (token, head) row: merges the n_split partials (max in log2 units) and the sink.
-__global__ void attention_decode_combine_kernel(const float* part_o /*[n_split, rows, dv]*/,
-                                                const float* part_ml /*[n_split, rows, 2]*/,
-                                                const float* sinks /*[nq] or null*/, int n_split, int64_t n_rows,
-                                                int nq, int dv, void* out /*[rows, dv]*/, int out_dtype) {
+// One block of min(n_split, kCombineWarps) warps per (token, head) row R: merges the n_split partials
+// (max in log2 units) and the sink. Every load is issued before any is used - warp w holds the
+// partial rows of splits w, w + warps, ... (kPerWarp of them at most), lane l their columns
+// 4l..4l+3, while warp 0 reads every split's (m, l) and turns them into weights - so the merge
+// costs about one round trip to L2. (A thread per column walking the splits in turn paid a round
+// trip per split and per pass: at 32K keys, 64 splits, 75 µs of attention became 41 µs without it.)
+constexpr int kCombineWarps = 8;
+template <int kPerWarp>
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    attention_decode_combine_kernel(const float* part_o /*[n_split, rows, dv]*/, const float* part_ml /*[n_split, rows, 2]*/,
+                                    const float* sinks /*[nq] or null*/, int n_split, int64_t n_rows, int nq, int dv,
+                                    void* out /*[rows, dv]*/, int out_dtype) {
     pdl_begin();
+    __shared__ float weight[kMaxSplits];               // exp2(m_z - M) / denominator
+    __shared__ float partial[kCombineWarps][kMaxDv];   // each warp's weighted sum over its splits
     const int64_t R = blockIdx.x;
-    float M = -INFINITY;
-    for (int z = 0; z < n_split; ++z) M = fmaxf(M, part_ml[(z * n_rows + R) * 2]);
-    const float sink = sinks ? sinks[R % nq] * kLog2e : -INFINITY;
-    const float Ms = fmaxf(M, sink);
-    float denom = sinks ? exp2f(sink - Ms) : 0.f;
-    for (int z = 0; z < n_split; ++z) {
-        const float m = part_ml[(z * n_rows + R) * 2];
-        if (m != -INFINITY) denom += part_ml[(z * n_rows + R) * 2 + 1] * exp2f(m - Ms);
-    }
-    const float inv = denom == 0.f ? 0.f : 1.f / denom;
-    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
-        float acc = 0.f;
-        for (int z = 0; z < n_split; ++z) {
-            const float m = part_ml[(z * n_rows + R) * 2];
-            if (m != -INFINITY) acc += part_o[(z * n_rows + R) * dv + d] * exp2f(m - Ms);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+
+    float o[kPerWarp][4];
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+        const int z = warp + i * warps;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int d = lane * 4 + e;
+            o[i][e] = z < n_split && d < dv ? part_o[(z * n_rows + R) * dv + d] : 0.f;
         }
-        store_f(out, out_dtype, R * dv + d, acc * inv);
+    }
+    if (warp == 0) {
+        constexpr int kPerLane = kMaxSplits / 32;
+        float m[kPerLane], l[kPerLane], M = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+            const int z = lane + 32 * j;
+            m[j] = z < n_split ? part_ml[(z * n_rows + R) * 2] : -INFINITY;
+            l[j] = z < n_split ? part_ml[(z * n_rows + R) * 2 + 1] : 0.f;
+            M = fmaxf(M, m[j]);
+        }
+        M = warp_max(M);
+        const float sink = sinks ? sinks[R % nq] * kLog2e : -INFINITY;
+        const float Ms = fmaxf(M, sink);
+        float denom = 0.f;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+            m[j] = m[j] == -INFINITY ? 0.f : exp2f(m[j] - Ms);  // from here on: the split's factor
+            denom += l[j] * m[j];
+        }
+        denom = warp_sum(denom) + (sinks ? exp2f(sink - Ms) : 0.f);
+        const float inv = denom == 0.f ? 0.f : 1.f / denom;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j)
+            if (lane + 32 * j < n_split) weight[lane + 32 * j] = m[j] * inv;
+    }
+    __syncthreads();
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+        const int z = warp + i * warps;
+        if (z < n_split)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[e] += o[i][e] * weight[z];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) partial[warp][lane * 4 + e] = acc[e];
+    __syncthreads();
+    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+        float sum = 0.f;
+        for (int w = 0; w < warps; ++w) sum += partial[w][d];
+        store_f(out, out_dtype, R * dv + d, sum);
     }
 }
 
@@ -552,6 +612,15 @@ __global__ void attention_decode_combine_kernel(const float* part_o /*[n_split, 
 bool bf16_instance_enabled() {
     static const bool enabled = env_flag("XINFER_CUDA_ATTN_BF16_INSTANCE", true);
     return enabled;
+}
+
+// The most splits a key range is cut into (XINFER_CUDA_ATTN_MAX_SPLITS, 1..kMaxSplits; A/B).
+int64_t max_splits() {
+    static const int64_t n = [] {
+        const char* v = std::getenv("XINFER_CUDA_ATTN_MAX_SPLITS");
+        return std::clamp<int64_t>(v && v[0] ? std::atoi(v) : 64, 1, kMaxSplits);
+    }();
+    return n;
 }
 
 // XINFER_CUDA_DECODE_ATTENTION: 0 = never (the flash kernel of attention.cu for everything),
@@ -607,6 +676,7 @@ int attention_decode(Context* c, const xinfer_op* op) {
     a.n_seqs = b.n_seqs;
     a.max_pages = b.max_pages_per_seq;
     a.page_size = b.page_size;
+    a.page_shift = b.page_size > 0 && (b.page_size & (b.page_size - 1)) == 0 ? __builtin_ctz(unsigned(b.page_size)) : -1;
     a.nq = nq;
     a.nkv = nkv;
     a.group = nq / nkv;
@@ -640,7 +710,6 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // batched sliding-window decode (32 seqs, window 128) from 48 to 28 µs and serving at
     // concurrency 32 from 68.8% to 71.1% of its roofline; the 64-split cap took a 32K-key decode
     // from 122 to 76 µs, where 4K keys (17 splits) stayed at 40 µs.
-    constexpr int64_t kMaxSplits = 64;
     const int64_t est_blocks = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, a.tile_rows)) * nkv;
     // With fewer than 64 (sequence, KV head) blocks (batch-1 decode, verification) a block is a
     // latency chain, so splits go down to one tile each: MiMo batch 1 on H200, sliding layer
@@ -652,8 +721,8 @@ int attention_decode(Context* c, const xinfer_op* op) {
     const int64_t target = 4 * int64_t(c->sm_count);
     const int n_split = int(std::clamp<int64_t>(
         std::min({ceil_div(target, std::max<int64_t>(est_blocks, 1)), ceil_div(key_span, min_split_tiles * kTileKeys),
-                  kMaxSplits}),
-        1, kMaxSplits));
+                  max_splits()}),
+        1, int64_t(kMaxSplits)));
     a.n_split = n_split;
     if (n_split > 1) {
         ScratchPlan plan;
@@ -672,9 +741,13 @@ int attention_decode(Context* c, const xinfer_op* op) {
                             size_t(L.total), a))
         return rc;
     if (n_split > 1) {
-        const int threads = int(std::min<int64_t>(128, ceil_div(dv, 32) * 32));
-        return launch_pdl(c, "attention_decode_combine_kernel", attention_decode_combine_kernel,
-                          dim3(unsigned(T * nq)), dim3(threads), 0, static_cast<const float*>(a.part_o),
+        const int warps = std::min(n_split, kCombineWarps), per_warp = int(ceil_div(n_split, warps));
+        const auto combine = per_warp <= 1   ? attention_decode_combine_kernel<1>
+                             : per_warp <= 2 ? attention_decode_combine_kernel<2>
+                             : per_warp <= 4 ? attention_decode_combine_kernel<4>
+                             : per_warp <= 8 ? attention_decode_combine_kernel<8>
+                                             : attention_decode_combine_kernel<kMaxSplits / kCombineWarps>;
+        return launch_pdl(c, "attention_decode_combine_kernel", combine, dim3(unsigned(T * nq)), dim3(warps * 32), 0, static_cast<const float*>(a.part_o),
                           static_cast<const float*>(a.part_ml), a.sinks, n_split, T * nq, nq, dv, out.data,
                           out.dtype);
     }
