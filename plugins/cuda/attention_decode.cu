@@ -43,8 +43,7 @@ namespace {
 
 constexpr int kRows = 64;       // query rows per block: 4 warps × 16
 constexpr int kTileKeys = 64;   // keys per shared-memory tile
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
+constexpr int kMaxWarps = 8;    // blocks have 4 warps, or 8 for 16-row tiles (see the kernel)
 constexpr int kMaxDv = 128;     // O lives in registers: dv_pad / 8 n-tiles of 4 floats
 constexpr int kMaxDk = 256;
 constexpr int kMaxSplits = 128;  // key-range splits per (row tile, KV head): the combine's capacity
@@ -77,21 +76,27 @@ struct DecodeArgs {
 
 // Shared memory (bytes): Q [64][ldk], two stages of K [64][ldk] and V [64][ldv] (bf16; rows
 // padded by 8 elements so ldmatrix's 8 row addresses fall in different banks), token ranges.
-// After the key loop the K/V stages hold each warp's O [4][16][dv_pad + 4] f32.
+// After the key loop the K/V region holds each warp's O [warps][16][dv_pad + 4] f32 and the
+// per-row merge factors [64][kFactors] (with 8 warps and dk = dv = 128 that is more than the
+// two stages, hence the max).
+constexpr int kFactors = kMaxWarps + 2;  // a factor per key part, then the scale (or M and l)
 struct DecodeSmem {
-    int ldk, ldv, q, kv, k_stage, v_stage, stage, ml, lo, hi, total;
+    int ldk, ldv, ldo, q, kv, k_stage, v_stage, stage, factors, ml, lo, hi, total;
 };
-__host__ __device__ inline DecodeSmem decode_smem(int dk_pad, int dv_pad) {
+__host__ __device__ inline DecodeSmem decode_smem(int dk_pad, int dv_pad, int warps) {
     DecodeSmem L;
     L.ldk = dk_pad + 8;
     L.ldv = dv_pad + 8;
+    L.ldo = dv_pad + 4;
     L.q = 0;
     L.kv = kRows * L.ldk * 2;
     L.k_stage = 0;                         // offsets inside one stage
     L.v_stage = kTileKeys * L.ldk * 2;
     L.stage = L.v_stage + kTileKeys * L.ldv * 2;
-    L.ml = L.kv + 2 * L.stage;             // [4 warps][16 rows][2]
-    L.lo = L.ml + kWarps * 16 * 2 * 4;     // [64] first visible key per token of the block
+    L.factors = warps * 16 * L.ldo * 4;    // offset inside the K/V region, after the warps' O
+    const int kv_bytes = std::max(2 * L.stage, L.factors + kRows * kFactors * 4);
+    L.ml = L.kv + kv_bytes;                // [warps][16 rows][2]
+    L.lo = L.ml + warps * 16 * 2 * 4;      // [64] first visible key per token of the block
     L.hi = L.lo + kRows * 4;               // [64] last visible key
     L.total = L.hi + kRows * 4;
     return L;
@@ -115,6 +120,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_addr(p)));
+}
+// d[16×8] += a[16×8] · b[8×8], bf16 inputs, f32 accumulators (the 8-key steps' P·V).
+__device__ __forceinline__ void mma_bf16_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b));
 }
 // d[16×8] += a[16×16] · b[16×8], bf16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -163,8 +182,17 @@ enum TileRows { kAllRows, kOlderKeys, kFreshKeys };
 // the element-by-element conversion paths drop out of the code a block runs once (at batch 1 a
 // block handles one or two key tiles; session 10 found such launches dominated by instruction
 // fetch in rope_kv_store and rmsnorm).
-template <bool kBf16>
-__global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArgs a) {
+//
+// kWarps = 8 is the instance for 16-row tiles (decode, short verification): the tile's 64 keys are
+// cut into 8 parts of 8 keys instead of 4 of 16, so twice the warps share a tile and each walks
+// half as long a chain of dependent instructions per tile. ncu (H200, 4 warps) found these blocks
+// issuing an instruction every ~6 cycles per warp with 2 warps per scheduler, mostly waiting on
+// fixed-latency dependencies: a latency chain, which more warps per SM overlap.
+template <bool kBf16, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(DecodeArgs a) {
+    constexpr int kThreads = kWarps * 32;
+    constexpr int kStep = kWarps == 8 ? 8 : 16;     // keys per mma step of a warp
+    constexpr int kPasses = kTileKeys * 4 / kThreads;  // loader: 4 threads per key row
     if constexpr (kBf16) {
         a.q_dtype = a.k_dtype = a.v_dtype = a.out_dtype = XINFER_DTYPE_BF16;
         a.q_vec = a.k_vec = a.v_vec = true;
@@ -177,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     // flight while the previous kernel finishes, and a decode block's latency chain after the
     // wait is q, the newest keys, the math.
     if (!a.early_kv) pdl_wait();
-    const DecodeSmem L = decode_smem(a.dk_pad, a.dv_pad);
+    const DecodeSmem L = decode_smem(a.dk_pad, a.dv_pad, kWarps);
     auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
     auto* ml_s = reinterpret_cast<float*>(smem + L.ml);
     auto* tok_lo = reinterpret_cast<int*>(smem + L.lo);
@@ -232,14 +260,14 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     // value is ~20 dependent instructions, and the loader needs two per key row per tile).
     const auto page_of = [&](int j) { return a.page_shift >= 0 ? j >> a.page_shift : j / a.page_size; };
     const int32_t* page_row = a.page_table + int64_t(s) * a.max_pages;
-    // Loader: thread → (key kk = pass·32 + tid/4, a quarter of its 16-byte chunks). The page
+    // Loader: thread → (key kk = pass·kThreads/4 + tid/4, a quarter of its 16-byte chunks). The page
     // numbers of a tile are read one tile ahead of its copies (fetch_pages, then issue_tile an
     // iteration later), so the page-table latency never sits between two tiles' copies.
     constexpr int kNotNeeded = INT_MIN;
-    auto fetch_pages = [&](int kb, int (&page)[2]) {
+    auto fetch_pages = [&](int kb, int (&page)[kPasses]) {
 #pragma unroll
-        for (int pass = 0; pass < 2; ++pass) {
-            const int j = kb + pass * 32 + tid / 4;
+        for (int pass = 0; pass < kPasses; ++pass) {
+            const int j = kb + pass * (kThreads / 4) + tid / 4;
             bool needed = false;
             if (j <= key_hi)
                 for (int i = 0; i < ntok && !needed; ++i) needed = j >= tok_lo[i] && j <= tok_hi[i];
@@ -248,12 +276,12 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     };
     // Rows of keys nobody needs are zeroed and rows on released pages NaN-filled with the older
     // keys (neither reads the cache); kFreshKeys copies the remaining rows from fresh_lo on.
-    auto issue_tile = [&](int stage, int kb, const int (&page)[2], TileRows which) {
+    auto issue_tile = [&](int stage, int kb, const int (&page)[kPasses], TileRows which) {
         auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem + L.kv + stage * L.stage + L.k_stage);
         auto* Vs = reinterpret_cast<__nv_bfloat16*>(smem + L.kv + stage * L.stage + L.v_stage);
 #pragma unroll
-        for (int pass = 0; pass < 2; ++pass) {
-            const int kk = pass * 32 + tid / 4, j = kb + kk;
+        for (int pass = 0; pass < kPasses; ++pass) {
+            const int kk = pass * (kThreads / 4) + tid / 4, j = kb + kk;
             const bool copied = page[pass] != kNotNeeded && page[pass] >= 0;
             if (which == kOlderKeys && copied && j >= fresh_lo) continue;
             if (which == kFreshKeys && !(copied && j >= fresh_lo)) continue;
@@ -273,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     };
     // The first two tiles (both stages): their older keys now, the fresh ones after the wait.
     const int n_first = min(n_tiles, 2);
-    int first_pages[2][2];
+    int first_pages[2][kPasses];
 #pragma unroll
     for (int u = 0; u < 2; ++u)
         if (u < n_first) {
@@ -325,9 +353,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     __syncthreads();
 
     // Warp roles: n_rg groups of 16 rows; with fewer than 4 groups the spare warps take other
-    // keys of the same tile (kp parts of 64/kp keys).
+    // keys of the same tile (kp parts of 64/kp keys). The 8-warp instance only gets 16-row tiles
+    // (n_rg = 1): 8 parts of 8 keys.
     const int n_rg = (rows + 15) / 16;
-    const int kp = n_rg == 1 ? 4 : n_rg == 2 ? 2 : 1;
+    const int kp = kWarps == 8 ? 8 : n_rg == 1 ? 4 : n_rg == 2 ? 2 : 1;
     const int rg = warp % n_rg, part = warp / n_rg;
     const bool active = part < kp;
     const int part_keys = kTileKeys / kp;
@@ -352,7 +381,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     const int dk_steps = a.dk_pad / 16, dv_steps = a.dv_pad / 16;
 
-    int next_pages[2] = {kNotNeeded, kNotNeeded};
+    int next_pages[kPasses];
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) next_pages[pass] = kNotNeeded;
     if (n_tiles > 2) fetch_pages(key_lo + 2 * kTileKeys, next_pages);
     // Tiles 0 and 1 are in flight; from t = 1 on, tile t + 1 is issued while tile t is used.
     for (int t = 0; t < n_tiles; ++t) {
@@ -369,37 +400,60 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         const auto* Vs = reinterpret_cast<const __nv_bfloat16*>(smem + L.kv + (t & 1) * L.stage + L.v_stage);
         const int kb = key_lo + t * kTileKeys;
         if (active) {
-            for (int k0 = part * part_keys; k0 < (part + 1) * part_keys; k0 += 16) {
+            for (int k0 = part * part_keys; k0 < (part + 1) * part_keys; k0 += kStep) {
                 const int j0 = kb + k0;
-                // Skip 16-key steps no row of this warp can see (past the end, or before a window).
+                // Skip steps no row of this warp can see (past the end, or before a window).
                 bool any = false;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) any |= lo_r[h] <= j0 + 15 && hi_r[h] >= j0 && lo_r[h] <= hi_r[h];
+                for (int h = 0; h < 2; ++h) any |= lo_r[h] <= j0 + kStep - 1 && hi_r[h] >= j0 && lo_r[h] <= hi_r[h];
                 if (!__any_sync(0xffffffffu, any)) continue;
 
-                // S[16 rows, 16 keys] = Q · Kᵀ.
-                float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-                for (int kk = 0; kk < dk_steps; ++kk) {
-                    uint32_t qa[4], kb4[4];
-                    ldmatrix_x4(qa, Qs + (rg * 16 + lane % 16) * L.ldk + kk * 16 + (lane / 16) * 8);
-                    ldmatrix_x4(kb4, Ks + (k0 + (lane / 16) * 8 + lane % 8) * L.ldk + kk * 16 + ((lane / 8) % 2) * 8);
-                    mma_bf16(sc[0], qa, kb4[0], kb4[1]);
-                    mma_bf16(sc[1], qa, kb4[2], kb4[3]);
+                // S[16 rows, kStep keys] = Q · Kᵀ: n-tile n holds keys j0 + 8n .. j0 + 8n + 7.
+                constexpr int kN = kStep / 8;
+                float sc[kN][4] = {};
+                if constexpr (kStep == 16) {
+                    for (int kk = 0; kk < dk_steps; ++kk) {
+                        uint32_t qa[4], kb4[4];
+                        ldmatrix_x4(qa, Qs + (rg * 16 + lane % 16) * L.ldk + kk * 16 + (lane / 16) * 8);
+                        ldmatrix_x4(kb4, Ks + (k0 + (lane / 16) * 8 + lane % 8) * L.ldk + kk * 16 + ((lane / 8) % 2) * 8);
+                        mma_bf16(sc[0], qa, kb4[0], kb4[1]);
+                        mma_bf16(sc[1], qa, kb4[2], kb4[3]);
+                    }
+                } else {
+                    // 8 keys: one ldmatrix gives their B fragments for two 16-dim steps, which
+                    // accumulate into two chains (half as deep) summed at the end.
+                    float sc2[4] = {};
+                    int kk = 0;
+                    for (; kk + 1 < dk_steps; kk += 2) {
+                        uint32_t qa[4], qa2[4], kb4[4];
+                        ldmatrix_x4(qa, Qs + (lane % 16) * L.ldk + kk * 16 + (lane / 16) * 8);
+                        ldmatrix_x4(qa2, Qs + (lane % 16) * L.ldk + (kk + 1) * 16 + (lane / 16) * 8);
+                        ldmatrix_x4(kb4, Ks + (k0 + lane % 8) * L.ldk + kk * 16 + (lane / 8) * 8);
+                        mma_bf16(sc[0], qa, kb4[0], kb4[1]);
+                        mma_bf16(sc2, qa2, kb4[2], kb4[3]);
+                    }
+                    if (kk < dk_steps) {
+                        uint32_t qa[4], kb2[2];
+                        ldmatrix_x4(qa, Qs + (lane % 16) * L.ldk + kk * 16 + (lane / 16) * 8);
+                        ldmatrix_x2(kb2, Ks + (k0 + lane % 8) * L.ldk + kk * 16 + ((lane / 8) % 2) * 8);
+                        mma_bf16(sc[0], qa, kb2[0], kb2[1]);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sc[0][e] += sc2[e];
                 }
-                // Scale to log2 units, mask, online softmax per row (a row's 16 scores are spread
-                // over the 4 lanes of a quad).
-                // Steps whose 16 keys every row of the warp sees (all but a row's first and last
-                // steps) skip the per-score mask.
+                // Scale to log2 units, mask, online softmax per row (a row's scores are spread
+                // over the 4 lanes of a quad). Steps whose keys every row of the warp sees (all
+                // but a row's first and last steps) skip the per-score mask.
                 bool whole = true;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) whole &= lo_r[h] <= j0 && j0 + 15 <= hi_r[h];
+                for (int h = 0; h < 2; ++h) whole &= lo_r[h] <= j0 && j0 + kStep - 1 <= hi_r[h];
                 whole = __all_sync(0xffffffffu, whole);
                 float corr[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     float mx = -INFINITY;
 #pragma unroll
-                    for (int n = 0; n < 2; ++n)
+                    for (int n = 0; n < kN; ++n)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const int j = j0 + n * 8 + 2 * tid4 + e;
@@ -416,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
                     m_r[h] = m_new;
                     float sum = 0.f;
 #pragma unroll
-                    for (int n = 0; n < 2; ++n)
+                    for (int n = 0; n < kN; ++n)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const float p = exp2f(sc[n][2 * h + e] - m_use);
@@ -435,16 +489,37 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
                         o[j][2] *= corr[1];
                         o[j][3] *= corr[1];
                     }
-                // O[16 rows, dv] += P[16 rows, 16 keys] · V[16 keys, dv]; P from the S accumulators.
-                const uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]),
-                                        pack_bf16(sc[1][0], sc[1][1]), pack_bf16(sc[1][2], sc[1][3])};
+                // O[16 rows, dv] += P[16 rows, kStep keys] · V[kStep keys, dv]; P from the S
+                // accumulators (an m16n8 accumulator pair is the A fragment of the next mma).
+                if constexpr (kStep == 16) {
+                    const uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]),
+                                            pack_bf16(sc[1][0], sc[1][1]), pack_bf16(sc[1][2], sc[1][3])};
 #pragma unroll
-                for (int jj = 0; jj < kMaxDv / 16; ++jj) {
-                    if (jj >= dv_steps) break;
-                    uint32_t vb[4];
-                    ldmatrix_x4_trans(vb, Vs + (k0 + ((lane / 8) % 2) * 8 + lane % 8) * L.ldv + jj * 16 + (lane / 16) * 8);
-                    mma_bf16(o[2 * jj], pa, vb[0], vb[1]);
-                    mma_bf16(o[2 * jj + 1], pa, vb[2], vb[3]);
+                    for (int jj = 0; jj < kMaxDv / 16; ++jj) {
+                        if (jj >= dv_steps) break;
+                        uint32_t vb[4];
+                        ldmatrix_x4_trans(vb, Vs + (k0 + ((lane / 8) % 2) * 8 + lane % 8) * L.ldv + jj * 16 + (lane / 16) * 8);
+                        mma_bf16(o[2 * jj], pa, vb[0], vb[1]);
+                        mma_bf16(o[2 * jj + 1], pa, vb[2], vb[3]);
+                    }
+                } else {
+                    const uint32_t pa0 = pack_bf16(sc[0][0], sc[0][1]), pa1 = pack_bf16(sc[0][2], sc[0][3]);
+                    // One transposed ldmatrix: the 8 keys' B fragments of four 8-column n-tiles.
+#pragma unroll
+                    for (int jq = 0; jq < kMaxDv / 32; ++jq) {
+                        if (jq * 2 >= dv_steps) break;
+                        if (jq * 2 + 1 < dv_steps) {
+                            uint32_t vb[4];
+                            ldmatrix_x4_trans(vb, Vs + (k0 + lane % 8) * L.ldv + jq * 32 + (lane / 8) * 8);
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) mma_bf16_k8(o[4 * jq + i], pa0, pa1, vb[i]);
+                        } else {
+                            uint32_t vb[2];
+                            ldmatrix_x2_trans(vb, Vs + (k0 + lane % 8) * L.ldv + jq * 32 + ((lane / 8) % 2) * 8);
+                            mma_bf16_k8(o[4 * jq], pa0, pa1, vb[0]);
+                            mma_bf16_k8(o[4 * jq + 1], pa0, pa1, vb[1]);
+                        }
+                    }
                 }
             }
         }
@@ -457,8 +532,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 1);
         l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 2);
     }
-    const int ldo = a.dv_pad + 4;
-    auto* Ow = reinterpret_cast<float*>(smem + L.kv);  // [4 warps][16][ldo]
+    const int ldo = L.ldo;
+    auto* Ow = reinterpret_cast<float*>(smem + L.kv);  // [kWarps][16][ldo]
     if (active) {
         float* base = Ow + warp * 16 * ldo;
 #pragma unroll
@@ -481,11 +556,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         }
     }
     __syncthreads();
-    // Per row: the kp warps' merge factors and the row's final scale, computed once by one
-    // thread (they sit after the warps' O in the spare K/V stage bytes: O takes 256·(dv_pad + 4)
-    // bytes of the ≥ 256·(dk_pad + dv_pad + 16) the two stages hold).
-    constexpr int kFac = 6;  // up to kp = 4 factors, then the scale (n_split = 1) or M and l
-    auto* fac = Ow + kWarps * 16 * ldo;  // [64][kFac]
+    // Per row: the kp warps' merge factors and the row's final scale (or M and l of a split),
+    // computed once by one thread; they sit after the warps' O (decode_smem).
+    constexpr int kFac = kFactors, kScale = kMaxWarps;
+    auto* fac = reinterpret_cast<float*>(smem + L.kv + L.factors);  // [64][kFac]
     if (tid < rows) {
         const int grp = tid / 16, rr = tid % 16;
         float M = -INFINITY, l = 0.f;
@@ -506,10 +580,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
                 alpha = M == -INFINITY ? 0.f : exp2f(M - Ms);
                 denom = l * alpha + exp2f(sink - Ms);
             }
-            fac[tid * kFac + 4] = denom == 0.f ? 0.f : alpha / denom;
+            fac[tid * kFac + kScale] = denom == 0.f ? 0.f : alpha / denom;
         } else {
-            fac[tid * kFac + 4] = M;
-            fac[tid * kFac + 5] = l;
+            fac[tid * kFac + kScale] = M;
+            fac[tid * kFac + kScale + 1] = l;
         }
     }
     __syncthreads();
@@ -526,12 +600,12 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_kernel(DecodeArg
         for (int d = lane; d < a.dv; d += 32) {
             float acc = 0.f;
             for (int p = 0; p < kp; ++p) acc += Ow[((p * n_rg + grp) * 16 + rr) * ldo + d] * f[p];
-            if (a.n_split == 1) store_f(a.out, a.out_dtype, R * a.dv + d, acc * f[4]);
+            if (a.n_split == 1) store_f(a.out, a.out_dtype, R * a.dv + d, acc * f[kScale]);
             else a.part_o[P * a.dv + d] = acc;
         }
         if (a.n_split > 1 && lane == 0) {
-            a.part_ml[P * 2] = f[4];
-            a.part_ml[P * 2 + 1] = f[5];
+            a.part_ml[P * 2] = f[kScale];
+            a.part_ml[P * 2 + 1] = f[kScale + 1];
         }
     }
 }
@@ -614,6 +688,12 @@ bool bf16_instance_enabled() {
     return enabled;
 }
 
+// XINFER_CUDA_ATTN_WIDE_DECODE=0: decode-shaped batches keep 4-warp blocks (A/B of the 8-warp instance).
+bool wide_decode_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_ATTN_WIDE_DECODE", true);
+    return enabled;
+}
+
 // The most splits a key range is cut into (XINFER_CUDA_ATTN_MAX_SPLITS, 1..kMaxSplits; A/B).
 int64_t max_splits() {
     static const int64_t n = [] {
@@ -653,8 +733,6 @@ int attention_decode(Context* c, const xinfer_op* op) {
     if (mode == 1 && T > 32 * int64_t(b.n_seqs)) return XINFER_UNSUPPORTED;
     if (!is_float(k_cache.dtype) || !is_float(v_cache.dtype) || dk > kMaxDk || dv > kMaxDv) return XINFER_UNSUPPORTED;
     const int dk_pad = (dk + 15) / 16 * 16, dv_pad = (dv + 15) / 16 * 16;
-    const DecodeSmem L = decode_smem(dk_pad, dv_pad);
-    if (size_t(L.total) > c->smem_optin) return XINFER_UNSUPPORTED;
 
     DecodeArgs a{};
     a.q = q.data;
@@ -698,9 +776,15 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // Rows per block: 64, or 16 when 64-row blocks would give fewer than 64 (row tile, KV head)
     // blocks (verification at batch 1: 8 tokens × 8 heads of a sliding layer were one block per KV
     // head, each warp walking every key of the split for its 16 rows; with 16-row tiles the block's
-    // four warps share each key tile, as in decode). Decode rows (G ≤ 16) fit one tile either way.
+    // four warps share each key tile, as in decode). Decode rows (G ≤ 16) fit one tile either way,
+    // and take 16-row tiles whenever the batch is decode-shaped (T·G ≤ 16 per sequence) so that
+    // they run on the 8-warp instance.
     const int64_t blocks_of_64 = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, kRows)) * nkv;
-    a.tile_rows = blocks_of_64 < 64 ? 16 : kRows;
+    const bool wide = wide_decode_enabled();
+    a.tile_rows = blocks_of_64 < 64 || (wide && T * a.group <= 16 * int64_t(b.n_seqs)) ? 16 : kRows;
+    const int warps = wide && a.tile_rows == 16 ? 8 : 4;
+    const DecodeSmem L = decode_smem(dk_pad, dv_pad, warps);
+    if (size_t(L.total) > c->smem_optin) return XINFER_UNSUPPORTED;
     // Row tiles: Σ_s ceil(q_len_s · G / tile_rows) ≤ ceil(T · G / tile_rows) + n_seqs (an upper
     // bound; blocks past the real tiles exit at once).
     const int64_t row_tiles = ceil_div(T * a.group, a.tile_rows) + b.n_seqs;
@@ -733,21 +817,23 @@ int attention_decode(Context* c, const xinfer_op* op) {
         a.part_ml = reinterpret_cast<float*>(c->scratch + off_ml);
     }
     const bool bf16 = a.q_vec && a.k_vec && a.v_vec && out.dtype == XINFER_DTYPE_BF16 && bf16_instance_enabled();
-    const auto kernel = bf16 ? attention_decode_kernel<true> : attention_decode_kernel<false>;
+    const auto kernel = warps == 8 ? (bf16 ? attention_decode_kernel<true, 8> : attention_decode_kernel<false, 8>)
+                                   : (bf16 ? attention_decode_kernel<true, 4> : attention_decode_kernel<false, 4>);
     if (L.total > 48 * 1024)
         XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
     const dim3 grid{unsigned(row_tiles), unsigned(nkv), unsigned(n_split)};
-    if (int rc = launch_pdl(c, "attention_decode_kernel", kernel, grid, dim3(kThreads),
-                            size_t(L.total), a))
+    if (int rc = launch_pdl(c, "attention_decode_kernel", kernel, grid, dim3(warps * 32), size_t(L.total), a))
         return rc;
     if (n_split > 1) {
-        const int warps = std::min(n_split, kCombineWarps), per_warp = int(ceil_div(n_split, warps));
+        const int combine_warps = std::min(n_split, kCombineWarps);
+        const int per_warp = int(ceil_div(n_split, combine_warps));
         const auto combine = per_warp <= 1   ? attention_decode_combine_kernel<1>
                              : per_warp <= 2 ? attention_decode_combine_kernel<2>
                              : per_warp <= 4 ? attention_decode_combine_kernel<4>
                              : per_warp <= 8 ? attention_decode_combine_kernel<8>
                                              : attention_decode_combine_kernel<kMaxSplits / kCombineWarps>;
-        return launch_pdl(c, "attention_decode_combine_kernel", combine, dim3(unsigned(T * nq)), dim3(warps * 32), 0, static_cast<const float*>(a.part_o),
+        return launch_pdl(c, "attention_decode_combine_kernel", combine, dim3(unsigned(T * nq)),
+                          dim3(combine_warps * 32), 0, static_cast<const float*>(a.part_o),
                           static_cast<const float*>(a.part_ml), a.sinks, n_split, T * nq, nq, dv, out.data,
                           out.dtype);
     }
