@@ -694,6 +694,16 @@ bool wide_decode_enabled() {
     return enabled;
 }
 
+// Tiles per split at least, for grids of fewer than 64 (sequence, KV head) blocks
+// (XINFER_CUDA_ATTN_SMALL_SPLIT_TILES, default 2; A/B).
+int64_t small_grid_split_tiles() {
+    static const int64_t n = [] {
+        const char* v = std::getenv("XINFER_CUDA_ATTN_SMALL_SPLIT_TILES");
+        return std::max<int64_t>(v && v[0] ? std::atoi(v) : 2, 1);
+    }();
+    return n;
+}
+
 // The most splits a key range is cut into (XINFER_CUDA_ATTN_MAX_SPLITS, 1..kMaxSplits; A/B).
 int64_t max_splits() {
     static const int64_t n = [] {
@@ -796,10 +806,12 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // from 122 to 76 µs, where 4K keys (17 splits) stayed at 40 µs.
     const int64_t est_blocks = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, a.tile_rows)) * nkv;
     // With fewer than 64 (sequence, KV head) blocks (batch-1 decode, verification) a block is a
-    // latency chain, so splits go down to one tile each: MiMo batch 1 on H200, sliding layer
-    // 15.4 -> 9.2 + 4.5 (combine) µs, 4K-key full layer 25.3 + 7.1 -> 15.0 + 4.5 µs, decode
-    // 63.4 -> 64.0% of copy bandwidth.
-    const int64_t min_split_tiles = est_blocks < 64 ? 1 : 4;
+    // latency chain, so splits go down to two tiles each: MiMo batch 1 on H200, sliding layer
+    // 15.4 -> 9.2 + 4.5 (combine) µs with one-tile splits (session 8, 4-warp blocks); with 8-warp
+    // blocks and the one-round-trip combine, two tiles (the sliding window's 128 keys in one block,
+    // no combine; 4K keys in 33 splits) gave 76.8 / 76.7% of copy bandwidth against 76.2 / 76.4%
+    // for one tile and 76.4 / 76.3% for four (session 12).
+    const int64_t min_split_tiles = est_blocks < 64 ? small_grid_split_tiles() : 4;
     int64_t key_span = int64_t(b.max_pages_per_seq) * b.page_size;
     if (ap.window > 0) key_span = std::min<int64_t>(key_span, (ap.causal ? 1 : 2) * int64_t(ap.window) + kRows);
     const int64_t target = 4 * int64_t(c->sm_count);
