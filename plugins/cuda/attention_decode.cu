@@ -15,7 +15,8 @@
 //     f32 accumulation); scores, softmax state and the O accumulator stay in registers (P is
 //     reused from the S accumulators as the A operand, as FlashAttention-2 does);
 //   - with fewer than 64 rows (decode: G = 8 or 16 rows) the idle warps split the tile's keys
-//     instead, and the block merges the warps' (m, l, O) at the end;
+//     instead, and the block merges the warps' (m, l, O) at the end; decode-shaped batches take
+//     16-row tiles on 8-warp blocks, each warp 8 keys of every tile (see the kernel);
 //   - n_split > 1 writes unnormalised partials (m, l in log2 units, O) that a combine kernel
 //     merges with the sink. n_split is chosen on the host from upper bounds only (T, n_seqs,
 //     max_pages · page_size), never from device values, so a captured graph stays valid.
@@ -558,8 +559,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
     __syncthreads();
     // Per row: the kp warps' merge factors and the row's final scale (or M and l of a split),
     // computed once by one thread; they sit after the warps' O (decode_smem).
-    constexpr int kFac = kFactors, kScale = kMaxWarps;
-    auto* fac = reinterpret_cast<float*>(smem + L.kv + L.factors);  // [64][kFac]
+    constexpr int kScale = kMaxWarps;  // fac[r]: kp merge factors, then at kScale the scale (or M, l)
+    auto* fac = reinterpret_cast<float*>(smem + L.kv + L.factors);  // [64][kFactors]
     if (tid < rows) {
         const int grp = tid / 16, rr = tid % 16;
         float M = -INFINITY, l = 0.f;
@@ -569,7 +570,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
             const float m = ml_s[(w * 16 + rr) * 2];
             const float f = m == -INFINITY ? 0.f : exp2f(m - M);
             l += ml_s[(w * 16 + rr) * 2 + 1] * f;
-            fac[tid * kFac + p] = f;
+            fac[tid * kFactors + p] = f;
         }
         if (a.n_split == 1) {
             float alpha = 1.f, denom = l;
@@ -580,10 +581,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
                 alpha = M == -INFINITY ? 0.f : exp2f(M - Ms);
                 denom = l * alpha + exp2f(sink - Ms);
             }
-            fac[tid * kFac + kScale] = denom == 0.f ? 0.f : alpha / denom;
+            fac[tid * kFactors + kScale] = denom == 0.f ? 0.f : alpha / denom;
         } else {
-            fac[tid * kFac + kScale] = M;
-            fac[tid * kFac + kScale + 1] = l;
+            fac[tid * kFactors + kScale] = M;
+            fac[tid * kFactors + kScale + 1] = l;
         }
     }
     __syncthreads();
@@ -595,7 +596,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
         const int64_t flat = row0 + r;
         const int64_t t = token_base + (flat / G - tok_first);
         const int64_t R = t * a.nq + g * G + int(flat % G);
-        const float* f = fac + r * kFac;
+        const float* f = fac + r * kFactors;
         const int64_t P = int64_t(split) * a.T * a.nq + R;  // partial row (n_split > 1)
         for (int d = lane; d < a.dv; d += 32) {
             float acc = 0.f;
