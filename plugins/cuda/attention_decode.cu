@@ -698,19 +698,13 @@ bool wide_decode_enabled() {
 // Tiles per split at least, for grids of fewer than 64 (sequence, KV head) blocks
 // (XINFER_CUDA_ATTN_SMALL_SPLIT_TILES, default 2; A/B).
 int64_t small_grid_split_tiles() {
-    static const int64_t n = [] {
-        const char* v = std::getenv("XINFER_CUDA_ATTN_SMALL_SPLIT_TILES");
-        return std::max<int64_t>(v && v[0] ? std::atoi(v) : 2, 1);
-    }();
+    static const int64_t n = std::max<int64_t>(env_int("XINFER_CUDA_ATTN_SMALL_SPLIT_TILES", 2), 1);
     return n;
 }
 
 // The most splits a key range is cut into (XINFER_CUDA_ATTN_MAX_SPLITS, 1..kMaxSplits; A/B).
 int64_t max_splits() {
-    static const int64_t n = [] {
-        const char* v = std::getenv("XINFER_CUDA_ATTN_MAX_SPLITS");
-        return std::clamp<int64_t>(v && v[0] ? std::atoi(v) : 64, 1, kMaxSplits);
-    }();
+    static const int64_t n = std::clamp<int64_t>(env_int("XINFER_CUDA_ATTN_MAX_SPLITS", 64), 1, kMaxSplits);
     return n;
 }
 

@@ -55,6 +55,11 @@ bool env_flag(const char* name, bool fallback) {
     return !(v[0] == '0' && v[1] == 0);
 }
 
+int64_t env_int(const char* name, int64_t fallback) {
+    const char* v = std::getenv(name);
+    return v && v[0] ? int64_t(std::atoll(v)) : fallback;
+}
+
 bool early_reads() {
     static const bool on = env_flag("XINFER_CUDA_EARLY_READS", true);
     return on;

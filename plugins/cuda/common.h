@@ -89,6 +89,8 @@ bool pdl_enabled();
 // A switch from the environment: unset or empty → fallback; "0" → false; anything else → true.
 // (The XINFER_CUDA_* switches that restore older kernel paths; plugins/cuda/README.md lists them.)
 bool env_flag(const char* name, bool fallback);
+// A number from the environment: unset or empty → fallback (the XINFER_CUDA_* tuning knobs).
+int64_t env_int(const char* name, int64_t fallback);
 // Whether small kernels read what the host and earlier forwards wrote (norm weights, positions,
 // slot mappings, older keys) before pdl_wait. XINFER_CUDA_EARLY_READS=0 turns it off, for A/B runs.
 bool early_reads();

@@ -633,10 +633,7 @@ bool moe_grouped_enabled() {
 // Measured on H200, MiMo shapes, bf16 (docs/perf/2026-11-30-h200-moe.md): 32 experts, 16 tokens
 // 434 µs grouped vs 878 µs tiled, 64 tokens (16 pairs per expert) 609 µs vs 907 µs.
 int64_t moe_grouped_pairs_per_expert() {
-    static const int64_t value = [] {
-        const char* v = std::getenv("XINFER_CUDA_MOE_GROUPED_PAIRS_PER_EXPERT");
-        return v && v[0] ? int64_t(std::atoll(v)) : int64_t(32);
-    }();
+    static const int64_t value = env_int("XINFER_CUDA_MOE_GROUPED_PAIRS_PER_EXPERT", 32);
     return value;
 }
 
