@@ -22,6 +22,12 @@ def number(text):
         return None
 
 
+def short_name(metric):
+    """Stall-reason metrics by their reason: smsp__average_warps_issue_stalled_X_per_issue_active.ratio -> stall X."""
+    m = re.fullmatch(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio", metric)
+    return f"stall {m.group(1)}" if m else metric
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log")
@@ -47,7 +53,7 @@ def main():
         name, grid, block = key
         print(f"\n{name} grid {grid} block {block}: {len(launches[key])} launches")
         for (section, metric, unit), (total, count) in metrics[key].items():
-            print(f"  {section[:28]:28s} {metric[:44]:44s} {total / count:14.2f} {unit}")
+            print(f"  {section[:28]:28s} {short_name(metric)[:44]:44s} {total / count:14.2f} {unit}")
 
 
 if __name__ == "__main__":
