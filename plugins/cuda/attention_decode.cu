@@ -794,7 +794,7 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // bound; blocks past the real tiles exit at once).
     const int64_t row_tiles = ceil_div(T * a.group, a.tile_rows) + b.n_seqs;
     // n_split from host-known bounds: enough blocks for ~2 waves of 2 blocks per SM, each split at
-    // least min_split_tiles tiles and at most kMaxSplits splits, so the partials and the combine stay
+    // least min_split_tiles tiles and at most max_splits() splits, so the partials and the combine stay
     // small next to the keys read. Measured on H200 (ops-test --perf): 4 tiles rather than 2 took
     // batched sliding-window decode (32 seqs, window 128) from 48 to 28 µs and serving at
     // concurrency 32 from 68.8% to 71.1% of its roofline; the 64-split cap took a 32K-key decode
