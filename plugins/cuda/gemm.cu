@@ -375,10 +375,14 @@ constexpr int stream_chunk() {
 }
 
 // R: rows of x per block, p.rows rounded up to 1, 2, 4 or 8 (more rows: 8 per block, grid.y groups).
-template <int WT, typename XT, int R>
+// kDepth > 0 (pipelined): a lane's rounds of U = kDepth loads are double-buffered - round r + 1 is
+// requested before round r's FMAs - and round 0 goes into registers before the PDL wait (instead of
+// an L2 prefetch, which costs a second request per line). kDepth = 0: one round of U loads at a time.
+template <int WT, typename XT, int R, int kDepth>
 __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGemv p) {
     constexpr int E = stream_chunk<WT>();
-    constexpr int U = R >= 8 ? 4 : 8;  // 16-byte weight loads in flight per lane
+    constexpr bool kPipelined = kDepth > 0;
+    constexpr int U = kPipelined ? kDepth : R >= 8 ? 4 : 8;  // 16-byte weight loads per lane and round
     constexpr bool kFp8 = WT == XINFER_DTYPE_F8_E4M3;
     __shared__ float partial[kStreamWarps][R];
 
@@ -387,7 +391,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
     const int part = warp % S;
     const int64_t n = int64_t(blockIdx.x) * (kStreamWarps / S) + warp / S;
     const bool active = n < p.n;
-    const int chunks = int(p.k / E), step = 32 * S;
+    const int chunks = int(p.k / E), step = 32 * S, stride = step * U;
     // blockIdx.y: which group of R rows of x (more than one only for f32 weights, see
     // stream_gemv_fits); rows past p.rows are dead.
     const int64_t row0 = int64_t(blockIdx.y) * R;
@@ -395,69 +399,92 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
     const XT* x = static_cast<const XT*>(p.x) + row0 * p.k;
     const int64_t y0 = row0 * p.n;  // element offset of the group's first y row
     const char* w_row = static_cast<const char*>(p.w) + n * p.k * int64_t(16 / E);
+    const int first = part * 32 + lane;  // the lane's first chunk; its rounds are `stride` apart
 
-    // Weights are constant, so the lane's first U chunks may be requested into L2 before the
-    // previous kernel has finished (programmatic dependent launch); x is read only after the wait.
-    if (active)
+    const auto load_round = [&](int c0, uint4 (&raw)[U]) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int c = part * 32 + lane + u * step;
-            if (c < chunks) asm volatile("prefetch.global.L2 [%0];" ::"l"(w_row + int64_t(c) * 16));
+            const int c = c0 + u * step;
+            raw[u] = c < chunks ? load_stream(w_row + int64_t(c) * 16) : make_uint4(0, 0, 0, 0);
         }
-    pdl_begin();
-
+    };
     float acc[R];
 #pragma unroll
     for (int j = 0; j < R; ++j) acc[j] = 0.f;
-    if (active) {
-        const float* scale_row = nullptr;
-        if constexpr (kFp8)
+    const float* scale_row = nullptr;
+    if constexpr (kFp8)
+        if (active)
             scale_row = p.scale + ((n / p.shard_rows) * p.blocks_per_shard + (n % p.shard_rows) / p.block_rows) *
                                       p.scale_cols;
-        const int block_cols = int(p.block_cols);
-        for (int c0 = part * 32 + lane; c0 < chunks; c0 += step * U) {
-            uint4 raw[U];
-            [[maybe_unused]] float s[U];
+    const int block_cols = int(p.block_cols);
+    const auto use_round = [&](int c0, const uint4 (&raw)[U]) {
+        [[maybe_unused]] float s[U];
+        if constexpr (kFp8) {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int c = c0 + u * step;
-                raw[u] = c < chunks ? load_stream(w_row + int64_t(c) * 16) : make_uint4(0, 0, 0, 0);
-            }
-            if constexpr (kFp8) {
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const int c = c0 + u * step;
-                    s[u] = c < chunks && p.one_scale ? __ldg(scale_row + (c * E) / block_cols) : 0.f;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int c = c0 + u * step;
-                if (c >= chunks) break;
-                float w[E];
-                widen<WT, E>(raw[u], w);
-                if constexpr (kFp8) {
-                    if (!p.one_scale) {
-#pragma unroll
-                        for (int e = 0; e < E; ++e) w[e] *= __ldg(scale_row + (c * E + e) / block_cols);
-                        s[u] = 1.f;
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < R; ++j) {
-                    if (j >= rows) break;
-                    float xv[E];
-                    load_x<XT, E>(x + int64_t(j) * p.k, int64_t(c) * E, xv);
-                    float d = 0.f;
-#pragma unroll
-                    for (int e = 0; e < E; ++e) d = fmaf(w[e], xv[e], d);
-                    if constexpr (kFp8)
-                        acc[j] = fmaf(d, s[u], acc[j]);
-                    else
-                        acc[j] += d;
-                }
+                s[u] = c < chunks && p.one_scale ? __ldg(scale_row + (c * E) / block_cols) : 0.f;
             }
         }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u * step;
+            if (c >= chunks) break;
+            float w[E];
+            widen<WT, E>(raw[u], w);
+            if constexpr (kFp8) {
+                if (!p.one_scale) {
+#pragma unroll
+                    for (int e = 0; e < E; ++e) w[e] *= __ldg(scale_row + (c * E + e) / block_cols);
+                    s[u] = 1.f;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                if (j >= rows) break;
+                float xv[E];
+                load_x<XT, E>(x + int64_t(j) * p.k, int64_t(c) * E, xv);
+                float d = 0.f;
+#pragma unroll
+                for (int e = 0; e < E; ++e) d = fmaf(w[e], xv[e], d);
+                if constexpr (kFp8)
+                    acc[j] = fmaf(d, s[u], acc[j]);
+                else
+                    acc[j] += d;
+            }
+        }
+    };
+
+    if constexpr (kPipelined) {
+        // Weights are constant: round 0 may be read before the previous kernel has finished
+        // (programmatic dependent launch); x only after the wait.
+        uint4 cur[U], nxt[U];
+        if (active) load_round(first, cur);
+        pdl_begin();
+        if (active)
+            for (int c0 = first; c0 < chunks; c0 += 2 * stride) {
+                if (c0 + stride < chunks) load_round(c0 + stride, nxt);
+                use_round(c0, cur);
+                if (c0 + stride >= chunks) break;
+                if (c0 + 2 * stride < chunks) load_round(c0 + 2 * stride, cur);
+                use_round(c0 + stride, nxt);
+            }
+    } else {
+        // The lane's first U chunks may be requested into L2 before the previous kernel has
+        // finished; x is read only after the wait.
+        if (active)
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = first + u * step;
+                if (c < chunks) asm volatile("prefetch.global.L2 [%0];" ::"l"(w_row + int64_t(c) * 16));
+            }
+        pdl_begin();
+        if (active)
+            for (int c0 = first; c0 < chunks; c0 += stride) {
+                uint4 raw[U];
+                load_round(c0, raw);
+                use_round(c0, raw);
+            }
     }
 #pragma unroll
     for (int j = 0; j < R; ++j) acc[j] = warp_sum(acc[j]);
@@ -479,13 +506,30 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
     }
 }
 
-template <int WT, typename XT>
+// XINFER_CUDA_GEMV_PIPELINE: loads per lane and round of the pipelined bf16 / f32 streaming GEMV
+// (4 or 8), 0 = one round at a time (A/B). FP8 weights keep one round at a time (their instances
+// use 96-128 registers already).
+int gemv_pipeline_depth() {
+    static const int depth = int(env_int("XINFER_CUDA_GEMV_PIPELINE", 4));
+    return depth;
+}
+
+template <int WT, typename XT, int kDepth>
 int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
     const char* what = "stream_gemv_kernel";
-    if (p.rows <= 1) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 1>, grid, dim3(kStreamThreads), 0, p);
-    if (p.rows <= 2) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 2>, grid, dim3(kStreamThreads), 0, p);
-    if (p.rows <= 4) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 4>, grid, dim3(kStreamThreads), 0, p);
-    return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 8>, grid, dim3(kStreamThreads), 0, p);
+    if (p.rows <= 1) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 1, kDepth>, grid, dim3(kStreamThreads), 0, p);
+    if (p.rows <= 2) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 2, kDepth>, grid, dim3(kStreamThreads), 0, p);
+    if (p.rows <= 4) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 4, kDepth>, grid, dim3(kStreamThreads), 0, p);
+    return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 8, kDepth>, grid, dim3(kStreamThreads), 0, p);
+}
+
+template <int WT, typename XT>
+int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
+    if constexpr (WT != XINFER_DTYPE_F8_E4M3) {
+        if (gemv_pipeline_depth() == 8) return launch_stream_rows<WT, XT, 8>(c, p, grid);
+        if (gemv_pipeline_depth() == 4) return launch_stream_rows<WT, XT, 4>(c, p, grid);
+    }
+    return launch_stream_rows<WT, XT, 0>(c, p, grid);
 }
 
 // ---- FP8 few-token GEMV on the tensor cores ---------------------------------------------------------
