@@ -102,6 +102,13 @@ typedef enum xinfer_op_type {
        v_cache (as KV_STORE), q[T,nq,dk], positions[T]; params.rope_kv_store; batch.
        Optional: a backend may answer supports_op = 0 and xinfer runs the four ops instead. */
     XINFER_OP_ROPE_KV_STORE = 16,
+    /* the norm before a projection as one op: exactly ADD_RMSNORM(src0, src1, src2 -> dst1), or
+       RMSNORM(src0, src2 -> dst1) when src1 is absent, then MATMUL(dst1, src3, src4 -> dst0)
+       src: residual[R,K] (+= x in place when x is present), x[R,K] (opt), norm weight[K], w[N,K],
+       w_scale (opt, f8 block scales as MATMUL's); dst0: y[R,N], dst1: normed[R,K]; params.norm_matmul.
+       Results are those of the two ops: y is computed from normed as stored in dst1's dtype.
+       Optional: a backend may answer supports_op = 0 and xinfer runs the two ops instead. */
+    XINFER_OP_ADD_RMSNORM_MATMUL = 17,
     XINFER_OP_COUNT
 } xinfer_op_type;
 
@@ -164,6 +171,7 @@ typedef struct xinfer_op {
         struct { float eps; } norm;
         struct { int32_t rotary_dim; float theta; } rope;
         struct { int32_t rotary_dim; float theta; float value_scale; } rope_kv_store;
+        struct { float eps; int32_t block_rows, block_cols; } norm_matmul; /* blocks as matmul's */
         struct { float factor; } scale;
         struct { int32_t block_rows, block_cols; } matmul; /* f8 weight scale blocks */
         xinfer_attention_params attention;

@@ -144,6 +144,30 @@ void Backend::matmul(const Tensor& x, const Tensor& w, const Tensor& y, const Bl
     run(op);
 }
 
+void Backend::add_rmsnorm_matmul(const Tensor& residual, const Tensor& x, const Tensor& norm_weight, float eps,
+                                 const Tensor& normed, const Tensor& w, const Tensor& y, const BlockScales& w_scale) {
+    xinfer_op op = make_op(XINFER_OP_ADD_RMSNORM_MATMUL, layer_);
+    op.src[0] = to_abi(residual);
+    op.src[1] = to_abi(x);  // absent (rank 0, NULL) when x is empty
+    op.src[2] = to_abi(norm_weight);
+    op.src[3] = to_abi(w);
+    op.dst[0] = to_abi(y);
+    op.dst[1] = to_abi(normed);
+    op.params.norm_matmul.eps = eps;
+    if (!w_scale.empty()) {
+        op.src[4] = to_abi(w_scale.scale);
+        op.params.norm_matmul.block_rows = w_scale.block_rows;
+        op.params.norm_matmul.block_cols = w_scale.block_cols;
+    }
+    if (supports(op)) return run(op);
+    if (x.data) {
+        add_rmsnorm(residual, x, norm_weight, eps, normed);
+    } else {
+        rmsnorm(residual, norm_weight, eps, normed);
+    }
+    matmul(normed, w, y, w_scale);
+}
+
 void Backend::rope(const Tensor& x, const Tensor& positions, const RopeParams& params) {
     xinfer_op op = make_op(XINFER_OP_ROPE, layer_);
     op.src[0] = to_abi(x);

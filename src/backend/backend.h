@@ -127,6 +127,13 @@ public:
     // y = x · wᵀ. w may be f32, bf16, f16, or f8_e4m3 with its block scales (w_scale).
     void matmul(const Tensor& x /*[T, in]*/, const Tensor& w /*[out, in]*/, const Tensor& y /*[T, out]*/,
                 const BlockScales& w_scale = {});
+    // The norm before a projection: add_rmsnorm(residual, x, norm_weight, eps, normed) (rmsnorm of
+    // residual when x is empty), then matmul(normed, w, y, w_scale). One op where the backend has
+    // it (one launch instead of two on a GPU), else those two.
+    void add_rmsnorm_matmul(const Tensor& residual /*[R, K] in/out*/,
+                            const Tensor& x /*[R, K] or empty Tensor: plain rmsnorm*/,
+                            const Tensor& norm_weight /*[K]*/, float eps, const Tensor& normed /*[R, K]*/,
+                            const Tensor& w /*[N, K]*/, const Tensor& y /*[R, N]*/, const BlockScales& w_scale = {});
     // In place, on the first rotary_dim dims of every head.
     void rope(const Tensor& x /*[T, heads, head_dim] in/out*/, const Tensor& positions /*[T] i32*/, const RopeParams& params);
     // out = silu(gate) * up, with gate_up = [gate | up] along the last dim.

@@ -37,8 +37,10 @@ inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 //                                                       match f16 weights).
 //  bf16   rmsnorm, add_rmsnorm, rope, swiglu, 5e-5      ~10× one bf16 rounding: these round once (the output; for
 //         scale, add                                    add_rmsnorm also the stored residual).
-//  bf16   matmul                              5e-5      bf16×bf16 products are exact in f32 and accumulate in f32;
+//  bf16   matmul, add_rmsnorm_matmul          5e-5      bf16×bf16 products are exact in f32 and accumulate in f32;
 //                                                       only x's rounding (f32 x, bf16 w) and the output remain.
+//                                                       (The fused op's normed and residual round once, as
+//                                                       add_rmsnorm's; y reads the rounded normed.)
 //  bf16   attention                           1e-4      P is rounded to bf16 for P·V on tensor cores (≈2.5e-6),
 //                                                       plus split-KV partials and the output; 20-40× margin, while
 //                                                       a key off by one in a 128-wide window costs ~6e-5 per row.

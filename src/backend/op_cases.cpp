@@ -392,10 +392,50 @@ OpCase moe_experts_fp8_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t 
 
 // ---- dense few-token matmuls (plugins/cuda/gemm.cu stream_gemv_kernel) ------------------------------
 
-// Dense MATMUL with f8_e4m3 weights [N, K] and f32 block scales [shards · ceil(N / shards / br),
-// ceil(K / bc)] (a grid that restarts every N / shards rows, as tensor-parallel exports write it).
-// The device gets the e4m3 bytes and scales; the reference (no fp8 MATMUL) gets the same weights
-// dequantized to f32. `perf`: weights filled on the device, no reference tensor.
+// A dense f8_e4m3 weight [N, K] in src slot `weight_slot`, with f32 block scales [shards ·
+// ceil(N / shards / br), ceil(K / bc)] in `scale_slot` (a grid that restarts every N / shards rows,
+// as tensor-parallel exports write it). The device gets the e4m3 bytes and scales; the reference
+// (no fp8 MATMUL) gets the same weights dequantized to f32. `perf`: bytes filled on the device, no
+// reference tensor.
+void push_fp8_matrix(CaseData& d, int weight_slot, int scale_slot, int64_t N, int64_t K, int64_t br, int64_t bc,
+                     int64_t shards, bool perf, uint32_t seed, std::mt19937& rng) {
+    const int64_t shard_rows = N / shards, per_shard = (shard_rows + br - 1) / br;
+    const int64_t scale_cols = (K + bc - 1) / bc;
+    const float a = std::sqrt(3.f / float(K));
+    CaseTensor scale = fixed_input("w_scale", src(scale_slot), DType::f32, {shards * per_shard, scale_cols}, rng,
+                                   0.5f * a / 448.f, 1.5f * a / 448.f);
+    scale.side = CaseTensor::Side::device;
+    CaseTensor w = make_tensor("w", src(weight_slot), Access::input, false, DType::f8_e4m3, {N, K});
+    w.side = CaseTensor::Side::device;
+    if (perf) {
+        w.bulk_random = 448.f;
+    } else {
+        // Every finite e4m3 code equally likely (a cheap hash: shapes reach 134M bytes).
+        w.raw.resize(size_t(N * K));
+        uint64_t h = seed * 0x9E3779B97F4A7C15ull + 1;
+        for (uint8_t& b : w.raw) {
+            h ^= h << 13;
+            h ^= h >> 7;
+            h ^= h << 17;
+            const int code = int((h >> 24) % 254);
+            b = uint8_t(code >= 0x7f ? code + 1 : code);
+        }
+        std::vector<float> dequantized(size_t(N * K));
+        for (int64_t r = 0; r < N; ++r) {
+            const float* srow = scale.values.data() + ((r / shard_rows) * per_shard + (r % shard_rows) / br) * scale_cols;
+            for (int64_t k = 0; k < K; ++k)
+                dequantized[size_t(r * K + k)] = cpu::e4m3_to_f32(w.raw[size_t(r * K + k)]) * srow[k / bc];
+        }
+        CaseTensor ref = fixed_values("w", src(weight_slot), DType::f32, {N, K}, std::move(dequantized));
+        ref.side = CaseTensor::Side::reference;
+        d.tensors.push_back(std::move(ref));
+    }
+    d.tensors.push_back(std::move(w));
+    d.tensors.push_back(std::move(scale));
+}
+
+// Dense MATMUL with f8_e4m3 weights (push_fp8_matrix). `perf`: weights filled on the device, no
+// reference tensor.
 OpCase matmul_fp8_case(int64_t T, int64_t N, int64_t K, int64_t br, int64_t bc, int64_t shards, bool perf,
                        uint32_t seed) {
     std::string blocks = fmt::format("blocks={}x{}", br, bc);
@@ -407,41 +447,39 @@ OpCase matmul_fp8_case(int64_t T, int64_t N, int64_t K, int64_t br, int64_t bc, 
                          d.op.params.matmul.block_rows = int32_t(br);
                          d.op.params.matmul.block_cols = int32_t(bc);
                          d.tensors.push_back(act_input("x", src(0), {T, K}, rng));
-                         const int64_t shard_rows = N / shards, per_shard = (shard_rows + br - 1) / br;
-                         const int64_t scale_cols = (K + bc - 1) / bc;
-                         const float a = std::sqrt(3.f / float(K));
-                         CaseTensor scale = fixed_input("w_scale", src(2), DType::f32, {shards * per_shard, scale_cols}, rng,
-                                                        0.5f * a / 448.f, 1.5f * a / 448.f);
-                         scale.side = CaseTensor::Side::device;
-                         CaseTensor w = make_tensor("w", src(1), Access::input, false, DType::f8_e4m3, {N, K});
-                         w.side = CaseTensor::Side::device;
-                         if (perf) {
-                             w.bulk_random = 448.f;
-                         } else {
-                             // Every finite e4m3 code equally likely (a cheap hash: shapes reach 134M bytes).
-                             w.raw.resize(size_t(N * K));
-                             uint64_t h = seed * 0x9E3779B97F4A7C15ull + 1;
-                             for (uint8_t& b : w.raw) {
-                                 h ^= h << 13;
-                                 h ^= h >> 7;
-                                 h ^= h << 17;
-                                 const int code = int((h >> 24) % 254);
-                                 b = uint8_t(code >= 0x7f ? code + 1 : code);
-                             }
-                             std::vector<float> dequantized(size_t(N * K));
-                             for (int64_t r = 0; r < N; ++r) {
-                                 const float* srow =
-                                     scale.values.data() + ((r / shard_rows) * per_shard + (r % shard_rows) / br) * scale_cols;
-                                 for (int64_t k = 0; k < K; ++k)
-                                     dequantized[size_t(r * K + k)] = cpu::e4m3_to_f32(w.raw[size_t(r * K + k)]) * srow[k / bc];
-                             }
-                             CaseTensor ref = fixed_values("w", src(1), DType::f32, {N, K}, std::move(dequantized));
-                             ref.side = CaseTensor::Side::reference;
-                             d.tensors.push_back(std::move(ref));
-                         }
-                         d.tensors.push_back(std::move(w));
-                         d.tensors.push_back(std::move(scale));
+                         push_fp8_matrix(d, 1, 2, N, K, br, bc, shards, perf, seed, rng);
                          d.tensors.push_back(act_output("y", dst(0), {T, N}));
+                         return d;
+                     });
+}
+
+// The norm before a projection (ADD_RMSNORM_MATMUL; without x, RMSNORM then MATMUL) against the
+// CPU's two ops: y, normed, and the residual (updated in place with x, unchanged without). One
+// tolerance per case, the matmul's, which is also the norms'. Norm weights are f32, as the models
+// keep them; f32 projection weights are a router's, whose logits are f32 whatever the activations;
+// f8_e4m3 weights take 128×128 block scales (push_fp8_matrix).
+OpCase add_rmsnorm_matmul_case(int64_t rows, int64_t K, int64_t N, DType w_dtype, bool with_x, uint32_t seed) {
+    const bool fp8 = w_dtype == DType::f8_e4m3, router = w_dtype == DType::f32;
+    return make_case(XINFER_OP_ADD_RMSNORM_MATMUL,
+                     fmt::format("add_rmsnorm_matmul(rows={}, K={}, N={}, w={}{}, {})", rows, K, N, dtype_name(w_dtype),
+                                 fp8 ? ", blocks=128x128" : router ? ", y=f32" : "", with_x ? "x" : "no x"),
+                     kMatmul, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_ADD_RMSNORM_MATMUL);
+                         d.op.params.norm_matmul.eps = 1e-6f;
+                         d.tensors.push_back(act_inout("residual", src(0), {rows, K}, rng, -3.f, 3.f));
+                         if (with_x) d.tensors.push_back(act_input("x", src(1), {rows, K}, rng));
+                         d.tensors.push_back(fixed_input("norm_weight", src(2), DType::f32, {K}, rng, 0.5f, 1.5f));
+                         if (fp8) {
+                             d.op.params.norm_matmul.block_rows = d.op.params.norm_matmul.block_cols = 128;
+                             push_fp8_matrix(d, 3, 4, N, K, 128, 128, 1, false, seed, rng);
+                         } else {
+                             const float a = std::sqrt(3.f / float(K));  // unit-variance outputs
+                             d.tensors.push_back(fixed_input("w", src(3), w_dtype, {N, K}, rng, -a, a));
+                         }
+                         d.tensors.push_back(router ? fixed_output("y", dst(0), DType::f32, {rows, N}, Compare::nmse)
+                                                    : act_output("y", dst(0), {rows, N}));
+                         d.tensors.push_back(act_output("normed", dst(1), {rows, K}));
                          return d;
                      });
 }
@@ -477,6 +515,10 @@ void add_decode_matmul_cases(std::vector<OpCase>& cases, uint32_t& seed) {
     // head-sharded scale grid with partial blocks, and 48-column blocks.
     cases.push_back(matmul_fp8_case(600, 1000, 4160, 128, 128, 5, false, ++seed));
     cases.push_back(matmul_fp8_case(520, 512, 4096, 128, 48, 1, false, ++seed));
+    // The norm fused with an FP8 projection: a sliding layer's q|k|v at one token (64·192 + 8·192 +
+    // 8·128 rows), and partial row and column blocks at three.
+    cases.push_back(add_rmsnorm_matmul_case(1, 4096, 14848, DType::f8_e4m3, true, ++seed));
+    cases.push_back(add_rmsnorm_matmul_case(3, 4160, 1000, DType::f8_e4m3, true, ++seed));
 }
 
 // Perf: the same shapes at T = 1, 3, 8 (bf16, fp8), lm_head at T = 1 and 8, routers; serving batches.
@@ -831,6 +873,13 @@ std::vector<OpCase> correctness_cases() {
     // widened to bf16 first).
     cases.push_back(moe_experts_case(300, 264, 136, 8, 8, bf16, ++seed));
     cases.push_back(moe_experts_fp8_case(260, 272, 208, 8, 8, 128, 128, ++seed));
+    // The norm before a projection: MiMo's hidden size and an odd K (tails of every tile), one
+    // token and three (verification), with x (every layer's norms but the first) and without
+    // (layer 0's attention norm); bf16 projections and f32 routers of 8 experts.
+    for (auto [rows, K] : {std::pair{1, 4096}, std::pair{3, 1032}}) {
+        for (bool with_x : {true, false}) cases.push_back(add_rmsnorm_matmul_case(rows, K, 1280, bf16, with_x, ++seed));
+        cases.push_back(add_rmsnorm_matmul_case(rows, K, 8, f32, true, ++seed));
+    }
     // The real decode shapes (up to 134M-weight matrices, fp8 dense weights the CPU does not take)
     // only when asked: XINFER_OPS_TEST_DECODE_MATMULS=1 (scripts/gpu-gemv.sh sets it).
     if (const char* v = std::getenv("XINFER_OPS_TEST_DECODE_MATMULS"); v && std::strcmp(v, "1") == 0)
@@ -904,6 +953,10 @@ std::vector<OpCase> perf_cases() {
     }
     attention({.label = "GA verify 32 over 4K", .q_lens = {32}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192,
                .dv = 128});
+    // The norm before its projection at batch 1: a sliding layer's fused q|k|v (64·192 + 8·192 +
+    // 8·128 rows) and a MoE layer's router.
+    cases.push_back(add_rmsnorm_matmul_case(1, hidden, 64 * 192 + 8 * 192 + 8 * 128, bf16, true, ++seed));
+    cases.push_back(add_rmsnorm_matmul_case(1, hidden, 256, DType::f32, true, ++seed));
     for (int T : {1, 4, 8}) cases.push_back(moe_experts_case(T, hidden, 2048, 8, 8, bf16, ++seed));
     for (int T : {8, 16, 64}) cases.push_back(moe_experts_case(T, hidden, 2048, 32, 8, bf16, ++seed));
     // ... and routed as the dummy-weight serving bench routes (a few experts picked by every token).
@@ -1162,6 +1215,16 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
         case XINFER_OP_MATMUL: {
             const xinfer_tensor& w = op.src[1];
             cost.bytes = bytes(op.src[0]) + bytes(w) + bytes(op.dst[0]);
+            cost.flops = 2.0 * double(from_abi(op.src[0]).rows()) * double(w.shape[0]) * double(w.shape[1]);
+            break;
+        }
+        case XINFER_OP_ADD_RMSNORM_MATMUL: {
+            // The norm's traffic (the residual read, and written back when x is added) and the matmul's
+            // weights and output; normed is written once (a fused kernel need not read it back).
+            const xinfer_tensor& w = op.src[3];
+            const bool add = op.src[1].rank > 0;
+            cost.bytes = (add ? 2 : 1) * bytes(op.src[0]) + bytes(op.src[1]) + bytes(op.src[2]) + bytes(op.dst[1]) +
+                         bytes(w) + bytes(op.src[4]) + bytes(op.dst[0]);
             cost.flops = 2.0 * double(from_abi(op.src[0]).rows()) * double(w.shape[0]) * double(w.shape[1]);
             break;
         }

@@ -21,6 +21,28 @@ inline Backend& cpu_backend() {
     return *backend;
 }
 
+// The ABI's optional fused ops, which a backend may refuse (supports_op 0) for Backend to run the
+// ops each stands for.
+inline bool optional_fused_op(int type) {
+    return type == XINFER_OP_ROPE_KV_STORE || type == XINFER_OP_ADD_RMSNORM_MATMUL;
+}
+
+// The CPU's table with the optional fused ops refused (supports_op 0, run_op an error), as a
+// plugin without them answers: Backend must then run their ops itself.
+inline const xinfer_backend_api* unfused_cpu_api() {
+    static xinfer_backend_api api = [] {
+        xinfer_backend_api a = *cpu_backend_api();
+        a.supports_op = [](void* ctx, const xinfer_op* op) {
+            return optional_fused_op(op->type) ? 0 : cpu_backend_api()->supports_op(ctx, op);
+        };
+        a.run_op = [](void* ctx, const xinfer_op* op) {
+            return optional_fused_op(op->type) ? int(XINFER_ERROR) : cpu_backend_api()->run_op(ctx, op);
+        };
+        return a;
+    }();
+    return &api;
+}
+
 // An allocation on the backend and a view of it.
 struct DeviceTensor {
     Buffer buffer;

@@ -326,26 +326,11 @@ TEST(KvStore, WritesEachTokenIntoItsSlotAndSkipsMinusOne) {
     }
 }
 
-// The CPU's table with ROPE_KV_STORE refused (supports_op 0, run_op an error), as a plugin
-// without the fused op answers: Backend::rope_kv_store must then run the four ops itself.
-const xinfer_backend_api* unfused_cpu_api() {
-    static xinfer_backend_api api = [] {
-        xinfer_backend_api a = *cpu_backend_api();
-        a.supports_op = [](void* ctx, const xinfer_op* op) {
-            return op->type == XINFER_OP_ROPE_KV_STORE ? 0 : cpu_backend_api()->supports_op(ctx, op);
-        };
-        a.run_op = [](void* ctx, const xinfer_op* op) {
-            return op->type == XINFER_OP_ROPE_KV_STORE ? int(XINFER_ERROR) : cpu_backend_api()->run_op(ctx, op);
-        };
-        return a;
-    }();
-    return &api;
-}
-
 // rope(q), rope(k), scale(v), kv_store(k, v) one by one; the fused op; and the fallback of a
-// backend without it: bit-identical q, k, v and caches (f32 activations, as the CPU runs them;
-// bf16 caches); one token with q, k, v adjacent in one projection row (the fallback's single rope
-// launch) and three tokens in separate tensors (one of them a padding token, slot -1).
+// backend without it (unfused_cpu_api): bit-identical q, k, v and caches (f32 activations, as the
+// CPU runs them; bf16 caches); one token with q, k, v adjacent in one projection row (the
+// fallback's single rope launch) and three tokens in separate tensors (one of them a padding
+// token, slot -1).
 TEST(RopeKvStore, FusedOpAndFallbackEqualTheFourOps) {
     Backend unfused(unfused_cpu_api(), 0, "cpu-unfused");
     const int n_q = 4, n_kv = 2, dk = 24, dv = 16, n_pages = 3, page_size = 4;

@@ -1,7 +1,8 @@
 // matmul y = x · wᵀ against a float64 reference, over shapes that hit both the GEMV path
 // (T < 32: partial token blocks, partial row groups, K tails shorter than a vector pair) and the
 // blocked GEMM path (T ≥ 32: partial token panels, partial row tiles, K crossing the 512-wide
-// depth blocks, 512-token chunks), for f32, bf16 and f16 weights.
+// depth blocks, 512-token chunks), for f32, bf16 and f16 weights; and the norm fused with a
+// matmul (ADD_RMSNORM_MATMUL) against the two ops.
 #include "op_test_util.h"
 
 namespace xinfer::test {
@@ -94,6 +95,57 @@ TEST(Matmul, RejectsMismatchedShapes) {
     expect_error([&] { cpu_backend().matmul(x, w_ok, y_bad); }, {"matmul", "[4, 5]", "[4, 6]"});
     DeviceTensor w_i32 = device_from_i32(std::vector<int32_t>(60), {6, 10});
     expect_error([&] { cpu_backend().matmul(x, w_i32, y); }, {"matmul", "i32"});
+}
+
+// add_rmsnorm (rmsnorm without x, as at layer 0) then matmul one by one; the fused op; and the
+// fallback of a backend without it (unfused_cpu_api): bit-identical y, normed and residual (f32
+// activations, as the CPU runs them), with and without x, for bf16 projections at one token and
+// three (K = 264 and 1032: tails past the vector widths) and an f32-weight router.
+TEST(AddRmsNormMatmul, FusedOpAndFallbackEqualTheTwoOps) {
+    Backend unfused(unfused_cpu_api(), 0, "cpu-unfused");
+    Backend& cpu = cpu_backend();
+    const float eps = 1e-6f;
+    struct Shape {
+        int64_t rows, K, N;
+        DType w_dtype;
+    };
+    uint32_t seed = 40;
+    const Shape shapes[] = {{1, 264, 40, DType::bf16}, {3, 1032, 130, DType::bf16}, {3, 256, 8, DType::f32}};
+    for (const Shape& s : shapes) {
+        const auto residual_old = random_vector(size_t(s.rows * s.K), seed++, -3.f, 3.f);
+        DeviceTensor x = device_from(random_vector(size_t(s.rows * s.K), seed++), DType::f32, {s.rows, s.K});
+        DeviceTensor norm_weight = device_from(random_vector(size_t(s.K), seed++, 0.5f, 1.5f), DType::f32, {s.K});
+        DeviceTensor w = device_from(random_vector(size_t(s.N * s.K), seed++), s.w_dtype, {s.N, s.K});
+        for (const bool with_x : {true, false}) {
+            struct Run {
+                DeviceTensor residual, normed, y;  // [rows, K] in/out, [rows, K], [rows, N]
+            };
+            auto prepare = [&] {
+                return Run{device_from(residual_old, DType::f32, {s.rows, s.K}), device_poisoned({s.rows, s.K}),
+                           device_poisoned({s.rows, s.N})};
+            };
+            Run want = prepare(), fused = prepare(), fallback = prepare();
+            if (with_x) {
+                cpu.add_rmsnorm(want.residual, x, norm_weight, eps, want.normed);
+            } else {
+                cpu.rmsnorm(want.residual, norm_weight, eps, want.normed);
+            }
+            cpu.matmul(want.normed, w, want.y);
+            const Tensor x_or_none = with_x ? x.tensor : Tensor();
+            cpu.add_rmsnorm_matmul(fused.residual, x_or_none, norm_weight, eps, fused.normed, w, fused.y);
+            unfused.add_rmsnorm_matmul(fallback.residual, x_or_none, norm_weight, eps, fallback.normed, w, fallback.y);
+            SCOPED_TRACE(testing::Message() << "rows=" << s.rows << " K=" << s.K << " N=" << s.N << " w="
+                                            << dtype_name(s.w_dtype) << (with_x ? " x" : " no x"));
+            for (const Run* got : {&fused, &fallback}) {
+                const char* which = got == &fused ? "fused" : "fallback";
+                EXPECT_EQ(to_host(got->y), to_host(want.y)) << which;
+                EXPECT_EQ(to_host(got->normed), to_host(want.normed)) << which;
+                EXPECT_EQ(to_host(got->residual), to_host(want.residual)) << which;
+            }
+            // x is added in place; without it the residual is only read.
+            EXPECT_EQ(to_host(want.residual) != residual_old, with_x);
+        }
+    }
 }
 
 }  // namespace

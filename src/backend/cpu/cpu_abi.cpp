@@ -84,6 +84,17 @@ void dispatch(const xinfer_op& op) {
             if (p.value_scale != 1.f) scale(src(1), p.value_scale);
             return kv_store(src(0), src(1), src(2), src(3), attention_batch(op));
         }
+        case XINFER_OP_ADD_RMSNORM_MATMUL: {  // the two ops it stands for (backend_abi.h): normed, then y from it
+            if (op.src[4].data)
+                fail("cpu: add_rmsnorm_matmul with block-scaled fp8 weights is not supported (dequantize at load)");
+            const float eps = op.params.norm_matmul.eps;
+            if (op.src[1].rank > 0) {
+                add_rmsnorm(src(0), src(1), src(2), eps, dst(1));
+            } else {
+                rmsnorm(src(0), src(2), eps, dst(1));
+            }
+            return matmul(dst(1), src(3), dst(0));
+        }
         case XINFER_OP_ATTENTION:
             if (op.params.attention.k_scale != 1.f || op.params.attention.v_scale != 1.f)
                 fail("cpu: attention with per-tensor k_scale {} / v_scale {} (expected 1; fp8 caches carry per-row "
@@ -147,11 +158,12 @@ int measure_bandwidth(void* ctx, double* gbps) {
     return guarded(ctx, XINFER_ERROR, [&] { *gbps = measure_copy_bandwidth_gbps(); });
 }
 
-// The CPU implements every op, in every variant its kernels accept, except MATMUL on FP8
-// block-scaled weights (the CPU dequantizes them at load); a wrong dtype or shape is reported
-// by run_op's validation with a precise message.
+// The CPU implements every op, in every variant its kernels accept, except MATMUL (and the
+// matmul of ADD_RMSNORM_MATMUL) on FP8 block-scaled weights (the CPU dequantizes them at load);
+// a wrong dtype or shape is reported by run_op's validation with a precise message.
 int supports_op(void*, const xinfer_op* op) {
     if (op->type == XINFER_OP_MATMUL && op->src[2].rank > 0) return 0;
+    if (op->type == XINFER_OP_ADD_RMSNORM_MATMUL && op->src[4].rank > 0) return 0;
     return op->type > 0 && op->type < XINFER_OP_COUNT;
 }
 
