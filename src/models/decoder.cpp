@@ -473,22 +473,26 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         backend_.set_layer(layer);  // tags every op of this layer (profiler, errors, fault injection)
 
         // ---- attention ----
-        if (il == 0) {
+        // The previous layer's FFN output is added to the residual stream here (fused with this
+        // layer's norm), so that is where the previous layer's output becomes visible. One token
+        // with the fused q|k|v projection: the norm and that projection are one op.
+        const bool one_qkv_row = n_tokens == 1 && w.qkv_proj.data;
+        Tensor qkv;  // [1, q + k + v] when one_qkv_row
+        if (one_qkv_row) {
+            qkv = scratch.make(act, {1, w.qkv_proj.dim(0)});
+            backend_.add_rmsnorm_matmul(residual, il == 0 ? Tensor() : block_out, w.input_norm, eps, normed,
+                                        w.qkv_proj, qkv, w.qkv_proj_scale);
+        } else if (il == 0) {
             backend_.rmsnorm(residual, w.input_norm, eps, normed);
         } else {
-            // The previous layer's FFN output is added to the residual stream here (fused with
-            // this layer's norm), so that is where the previous layer's output becomes visible.
             backend_.add_rmsnorm(residual, block_out, w.input_norm, eps, normed);
-            tap("residual", layer - 1, residual);
         }
+        if (il > 0) tap("residual", layer - 1, residual);
         tap("attn_input", layer, normed);
 
         Tensor q, k, v;  // [n_tokens, n_q, dk], [n_tokens, n_kv, dk], [n_tokens, n_kv, dv]
-        const bool one_qkv_row = n_tokens == 1 && w.qkv_proj.data;
         if (one_qkv_row) {
-            // One token: its q, k and v are consecutive slices of one [1, q + k + v] row.
-            Tensor qkv = scratch.make(act, {1, w.qkv_proj.dim(0)});
-            backend_.matmul(normed, w.qkv_proj, qkv, w.qkv_proj_scale);
+            // q, k and v are consecutive slices of the token's one row.
             char* row = static_cast<char*>(qkv.data);
             const size_t element = dtype_size(act);
             q = Tensor(row, act, {1, n_q, dk});
@@ -529,21 +533,24 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         tap("attn_proj", layer, block_out);
 
         // ---- feed-forward ----
-        backend_.add_rmsnorm(residual, block_out, w.post_attn_norm, eps, normed);
+        // The norm and the one projection it feeds, as one op: the dense FFN's gate_up, or the router.
+        const bool dense = spec.ffn == FfnKind::dense;
+        const int64_t inter = config_.intermediate_size;
+        const Tensor projected = dense ? scratch.make(act, {n_tokens, 2 * inter})                 // gate_up
+                                       : scratch.make(DType::f32, {n_tokens, config_.n_experts});  // router logits
+        backend_.add_rmsnorm_matmul(residual, block_out, w.post_attn_norm, eps, normed, dense ? w.gate_up : w.router,
+                                    projected, dense ? w.gate_up_scale : BlockScales{});
         tap("ffn_input", layer, normed);
-        if (spec.ffn == FfnKind::dense) {
-            const int64_t inter = config_.intermediate_size;
-            Tensor gate_up = scratch.make(act, {n_tokens, 2 * inter});
+        if (dense) {
+            const Tensor& gate_up = projected;
             Tensor activated = scratch.make(act, {n_tokens, inter});
-            backend_.matmul(normed, w.gate_up, gate_up, w.gate_up_scale);
             backend_.swiglu(gate_up, activated);
             backend_.matmul(activated, w.down, block_out, w.down_scale);
         } else {
+            const Tensor& router_logits = projected;
             const int64_t top_k = config_.router.top_k;
-            Tensor router_logits = scratch.make(DType::f32, {n_tokens, config_.n_experts});
             Tensor expert_ids = scratch.make(DType::i32, {n_tokens, top_k});
             Tensor expert_weights = scratch.make(DType::f32, {n_tokens, top_k});
-            backend_.matmul(normed, w.router, router_logits);
             tap("router_logits", layer, router_logits);
             backend_.moe_route(router_logits, w.router_bias, config_.router, expert_ids, expert_weights);
             tap("expert_ids", layer, expert_ids);
