@@ -232,7 +232,7 @@ int context_create(int device, void** out) {
     if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (err == cudaSuccess) err = cudaMalloc(&c->lt_workspace, kLtWorkspaceBytes);
     if (err != cudaSuccess) {
-        delete c;
+        context_destroy(c);  // frees what was created (the stream, the workspace)
         return err == cudaErrorMemoryAllocation ? XINFER_OUT_OF_MEMORY : XINFER_ERROR;
     }
     c->lt_workspace_bytes = kLtWorkspaceBytes;
