@@ -507,10 +507,13 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
 }
 
 // XINFER_CUDA_GEMV_PIPELINE: loads per lane and round of the pipelined bf16 / f32 streaming GEMV
-// (4 or 8), 0 = one round at a time (A/B). FP8 weights keep one round at a time (their instances
-// use 96-128 registers already).
+// (1, 2, 4, 6 or 8), 0 = one round of 8 (R ≥ 8: 4) at a time (A/B). FP8 weights keep one round at a
+// time (their instances use 96-128 registers already). H200, MiMo bf16 batch-1 decode, two runs
+// each: 0: 76.7 / 76.7%; 1: 80.0 / 79.7%; 2: 80.5 / 80.4 / 79.9 / 80.2%; 4: 78.2 / 78.2 / 78.5 /
+// 78.4%; 6: 77.2 / 76.6%; 8: 74.0 / 74.1%. Fewer registers mean more blocks per SM (depth 2: 46
+// registers, 5 blocks), and round 0 of each of them is requested before the PDL wait.
 int gemv_pipeline_depth() {
-    static const int depth = int(env_int("XINFER_CUDA_GEMV_PIPELINE", 4));
+    static const int depth = int(env_int("XINFER_CUDA_GEMV_PIPELINE", 2));
     return depth;
 }
 
@@ -527,7 +530,10 @@ template <int WT, typename XT>
 int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
     if constexpr (WT != XINFER_DTYPE_F8_E4M3) {
         if (gemv_pipeline_depth() == 8) return launch_stream_rows<WT, XT, 8>(c, p, grid);
+        if (gemv_pipeline_depth() == 6) return launch_stream_rows<WT, XT, 6>(c, p, grid);
         if (gemv_pipeline_depth() == 4) return launch_stream_rows<WT, XT, 4>(c, p, grid);
+        if (gemv_pipeline_depth() == 2) return launch_stream_rows<WT, XT, 2>(c, p, grid);
+        if (gemv_pipeline_depth() == 1) return launch_stream_rows<WT, XT, 1>(c, p, grid);
     }
     return launch_stream_rows<WT, XT, 0>(c, p, grid);
 }
