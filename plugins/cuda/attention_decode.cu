@@ -152,13 +152,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // Fills one bf16 shared row [pad] of a tile: `src` ≥ 0 is the cache element offset of the row,
 // kZero zero-fills, kNaN fills the first `len` elements with NaN (a needed key on a missing page).
 constexpr int64_t kZero = -1, kNaN = -2;
+// kPad > 0: pad is that compile-time constant, and the loop over the row's chunks unrolls.
+template <int kPad = 0>
 __device__ __forceinline__ void fill_row_part(__nv_bfloat16* dst, const void* cache, int dtype, int64_t src, int len,
                                               int pad, bool vec, int part /*0..3*/) {
-    for (int c = part; c * 8 < pad; c += 4) {
+    const auto chunk = [&](int c) {
         __nv_bfloat16* d8 = dst + c * 8;
         if (src >= 0 && vec && c * 8 + 8 <= len) {
             cp_async16(d8, static_cast<const __nv_bfloat16*>(cache) + src + c * 8);
-            continue;
+            return;
         }
         __nv_bfloat16 v[8];
 #pragma unroll
@@ -172,6 +174,12 @@ __device__ __forceinline__ void fill_row_part(__nv_bfloat16* dst, const void* ca
             v[e] = __float2bfloat16_rn(x);
         }
         *reinterpret_cast<uint4*>(d8) = *reinterpret_cast<const uint4*>(v);
+    };
+    if constexpr (kPad > 0) {
+#pragma unroll
+        for (int c = part; c * 8 < kPad; c += 4) chunk(c);
+    } else {
+        for (int c = part; c * 8 < pad; c += 4) chunk(c);
     }
 }
 
@@ -189,8 +197,15 @@ enum TileRows { kAllRows, kOlderKeys, kFreshKeys };
 // half as long a chain of dependent instructions per tile. ncu (H200, 4 warps) found these blocks
 // issuing an instruction every ~6 cycles per warp with 2 warps per scheduler, mostly waiting on
 // fixed-latency dependencies: a latency chain, which more warps per SM overlap.
-template <bool kBf16, int kWarps>
+template <bool kBf16, int kWarps, int kDk = 0, int kDv = 0>
 __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(DecodeArgs a) {
+    // kDk, kDv > 0 (multiples of 16, bf16 only): the head dims fixed at compile time, so the
+    // loader, the mma loops and the shared-memory layout unroll with constant offsets. ncu (H200,
+    // 32K keys, runtime dims): 7,700 instructions per warp, a fifth of them IMAD and an eighth
+    // ISETP - address and loop arithmetic - against 4% HMMA.
+    static_assert((kDk == 0) == (kDv == 0) && kDk % 16 == 0 && kDv % 16 == 0 && (kDk == 0 || kBf16));
+    const int dk = kDk > 0 ? kDk : a.dk, dv = kDv > 0 ? kDv : a.dv;
+    const int dk_pad = kDk > 0 ? kDk : a.dk_pad, dv_pad = kDv > 0 ? kDv : a.dv_pad;
     constexpr int kThreads = kWarps * 32;
     constexpr int kStep = kWarps == 8 ? 8 : 16;     // keys per mma step of a warp
     constexpr int kPasses = kTileKeys * 4 / kThreads;  // loader: 4 threads per key row
@@ -206,7 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
     // flight while the previous kernel finishes, and a decode block's latency chain after the
     // wait is q, the newest keys, the math.
     if (!a.early_kv) pdl_wait();
-    const DecodeSmem L = decode_smem(a.dk_pad, a.dv_pad, kWarps);
+    const DecodeSmem L = decode_smem(dk_pad, dv_pad, kWarps);
     auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
     auto* ml_s = reinterpret_cast<float*>(smem + L.ml);
     auto* tok_lo = reinterpret_cast<int*>(smem + L.lo);
@@ -292,12 +307,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
                     ks = kNaN;
                 } else {
                     const int64_t slot_row = int64_t(j - page_of(j) * a.page_size) * a.nkv + g;
-                    ks = int64_t(page[pass]) * a.k_page_stride + slot_row * a.dk;
-                    vs = int64_t(page[pass]) * a.v_page_stride + slot_row * a.dv;
+                    ks = int64_t(page[pass]) * a.k_page_stride + slot_row * dk;
+                    vs = int64_t(page[pass]) * a.v_page_stride + slot_row * dv;
                 }
             }
-            fill_row_part(Ks + kk * L.ldk, a.k_cache, a.k_dtype, ks, a.dk, a.dk_pad, a.k_vec, tid % 4);
-            fill_row_part(Vs + kk * L.ldv, a.v_cache, a.v_dtype, vs, a.dv, a.dv_pad, a.v_vec, tid % 4);
+            fill_row_part<kDk>(Ks + kk * L.ldk, a.k_cache, a.k_dtype, ks, dk, dk_pad, a.k_vec, tid % 4);
+            fill_row_part<kDv>(Vs + kk * L.ldv, a.v_cache, a.v_dtype, vs, dv, dv_pad, a.v_vec, tid % 4);
         }
     };
     // The first two tiles (both stages): their older keys now, the fresh ones after the wait.
@@ -325,18 +340,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
     const auto q_offset = [&](int r) {  // element offset of block row r's q vector
         const int flat = int(row0) + r;  // < q_len · G, an int (see `rows`); 32-bit division is ~5× cheaper
         const int64_t t = token_base + (flat / G - tok_first);
-        return (t * a.nq + g * G + flat % G) * a.dk;
+        return (t * a.nq + g * G + flat % G) * dk;
     };
     if (a.q_vec) {
         constexpr int kQLoads = 8;
-        const int per_row = a.dk_pad / 8, n = q_rows * per_row;
+        const int per_row = dk_pad / 8, n = q_rows * per_row;
         for (int first = 0; first < n; first += kThreads * kQLoads) {
             uint4 v[kQLoads];
 #pragma unroll
             for (int u = 0; u < kQLoads; ++u) {
                 const int i = first + u * kThreads + tid, r = i / per_row, c = i % per_row;
                 v[u] = make_uint4(0, 0, 0, 0);
-                if (i < n && r < rows && c * 8 < a.dk)
+                if (i < n && r < rows && c * 8 < dk)
                     v[u] = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.q) + q_offset(r) + c * 8);
             }
 #pragma unroll
@@ -348,8 +363,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
     }
     for (int r = warp; !a.q_vec && r < q_rows; r += kWarps) {  // f32 / f16 / unaligned q: element by element
         const int64_t base = r < rows ? q_offset(r) : -1;
-        for (int d = lane; d < a.dk_pad; d += 32)
-            Qs[r * L.ldk + d] = __float2bfloat16_rn(base >= 0 && d < a.dk ? load_f(a.q, a.q_dtype, base + d) : 0.f);
+        for (int d = lane; d < dk_pad; d += 32)
+            Qs[r * L.ldk + d] = __float2bfloat16_rn(base >= 0 && d < dk ? load_f(a.q, a.q_dtype, base + d) : 0.f);
     }
     __syncthreads();
 
@@ -380,7 +395,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
 #pragma unroll
     for (int j = 0; j < kMaxDv / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-    const int dk_steps = a.dk_pad / 16, dv_steps = a.dv_pad / 16;
+    const int dk_steps = dk_pad / 16, dv_steps = dv_pad / 16;
 
     int next_pages[kPasses];
 #pragma unroll
@@ -598,11 +613,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
         const int64_t R = t * a.nq + g * G + int(flat % G);
         const float* f = fac + r * kFactors;
         const int64_t P = int64_t(split) * a.T * a.nq + R;  // partial row (n_split > 1)
-        for (int d = lane; d < a.dv; d += 32) {
+        for (int d = lane; d < dv; d += 32) {
             float acc = 0.f;
             for (int p = 0; p < kp; ++p) acc += Ow[((p * n_rg + grp) * 16 + rr) * ldo + d] * f[p];
-            if (a.n_split == 1) store_f(a.out, a.out_dtype, R * a.dv + d, acc * f[kScale]);
-            else a.part_o[P * a.dv + d] = acc;
+            if (a.n_split == 1) store_f(a.out, a.out_dtype, R * dv + d, acc * f[kScale]);
+            else a.part_o[P * dv + d] = acc;
         }
         if (a.n_split > 1 && lane == 0) {
             a.part_ml[P * 2] = f[kScale];
@@ -721,6 +736,17 @@ int decode_attention_mode() {
 }
 
 
+// The kernel instance: bf16 heads of MiMo's (192, 128) and Qwen3's / the DFlash drafter's
+// (128, 128) dims have instances with the dims fixed at compile time
+// (XINFER_CUDA_ATTN_FIXED_DIMS=0: the runtime-dims instances only, A/B).
+template <int kWarps>
+void (*decode_kernel_for(bool bf16, int dk, int dv))(DecodeArgs) {
+    static const bool fixed = env_flag("XINFER_CUDA_ATTN_FIXED_DIMS", true);
+    if (bf16 && fixed && dk == 192 && dv == 128) return attention_decode_kernel<true, kWarps, 192, 128>;
+    if (bf16 && fixed && dk == 128 && dv == 128) return attention_decode_kernel<true, kWarps, 128, 128>;
+    return bf16 ? attention_decode_kernel<true, kWarps> : attention_decode_kernel<false, kWarps>;
+}
+
 }  // namespace
 
 // Called by op_attention (attention.cu) after it validated the op. Returns XINFER_UNSUPPORTED,
@@ -824,8 +850,7 @@ int attention_decode(Context* c, const xinfer_op* op) {
         a.part_ml = reinterpret_cast<float*>(c->scratch + off_ml);
     }
     const bool bf16 = a.q_vec && a.k_vec && a.v_vec && out.dtype == XINFER_DTYPE_BF16 && bf16_instance_enabled();
-    const auto kernel = warps == 8 ? (bf16 ? attention_decode_kernel<true, 8> : attention_decode_kernel<false, 8>)
-                                   : (bf16 ? attention_decode_kernel<true, 4> : attention_decode_kernel<false, 4>);
+    const auto kernel = warps == 8 ? decode_kernel_for<8>(bf16, dk, dv) : decode_kernel_for<4>(bf16, dk, dv);
     if (L.total > 48 * 1024)
         XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
     const dim3 grid{unsigned(row_tiles), unsigned(nkv), unsigned(n_split)};
