@@ -277,9 +277,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Gemv g) {
 // ---- the streaming few-token GEMV (dense decode matmuls) -------------------------------------------
 //
 // y[j, n] = Σ_k x[j, k] · w[n, k] for T ≤ 8 rows of x: a pure weight stream. A block of 256 threads
-// owns 8 / S weight rows; the S warps of one row split its K range, each lane keeping U 16-byte
-// weight loads in flight (all issued before any FMA; L1 bypassed) and reading x (bf16 or f32, a few
-// KB, L1-resident) per chunk. S grows (1, 2, 4, 8) until the grid has ~4 blocks per SM, so 512-row
+// owns 8 / S weight rows; the S warps of one row split its K range, each lane keeping rounds of U
+// 16-byte weight loads in flight (a round issued before the FMAs of the one before it, the first
+// before the PDL wait; L1 bypassed; see kDepth) and reading x (bf16 or f32, a few KB, L1-resident)
+// per chunk. S grows (1, 2, 4, 8) until the grid has ~4 blocks per SM, so 512-row
 // matrices fill all SMs; the S partial sums meet in shared memory. FP8 chunks (16 values) are
 // widened in registers and their block scale applied once per chunk. Launch shapes depend only on
 // (N, K, T, dtypes): graph-safe.
@@ -507,11 +508,12 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
 }
 
 // XINFER_CUDA_GEMV_PIPELINE: loads per lane and round of the pipelined bf16 / f32 streaming GEMV
-// (1, 2, 4, 6 or 8), 0 = one round of 8 (R ≥ 8: 4) at a time (A/B). FP8 weights keep one round at a
-// time (their instances use 96-128 registers already). H200, MiMo bf16 batch-1 decode, two runs
-// each: 0: 76.7 / 76.7%; 1: 80.0 / 79.7%; 2: 80.5 / 80.4 / 79.9 / 80.2%; 4: 78.2 / 78.2 / 78.5 /
-// 78.4%; 6: 77.2 / 76.6%; 8: 74.0 / 74.1%. Fewer registers mean more blocks per SM (depth 2: 46
-// registers, 5 blocks), and round 0 of each of them is requested before the PDL wait.
+// (1, 2 or 4); 0 (or any other value) = one round of 8 (R ≥ 8: 4) at a time (A/B). FP8 weights keep
+// one round at a time (their instances use 96-128 registers already). H200, MiMo bf16 batch-1
+// decode, two runs each: 0: 76.7 / 76.7%; 1: 80.0 / 79.7%; 2: 80.5 / 80.4 / 79.9 / 80.2%; 4: 78.2 /
+// 78.2 / 78.5 / 78.4%; 6: 77.2 / 76.6%; 8: 74.0 / 74.1% (6 and 8 no longer built). Fewer registers
+// mean more blocks per SM (depth 2: 46 registers, 5 blocks), and round 0 of each of them is
+// requested before the PDL wait.
 int gemv_pipeline_depth() {
     static const int depth = int(env_int("XINFER_CUDA_GEMV_PIPELINE", 2));
     return depth;
@@ -529,8 +531,6 @@ int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
 template <int WT, typename XT>
 int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
     if constexpr (WT != XINFER_DTYPE_F8_E4M3) {
-        if (gemv_pipeline_depth() == 8) return launch_stream_rows<WT, XT, 8>(c, p, grid);
-        if (gemv_pipeline_depth() == 6) return launch_stream_rows<WT, XT, 6>(c, p, grid);
         if (gemv_pipeline_depth() == 4) return launch_stream_rows<WT, XT, 4>(c, p, grid);
         if (gemv_pipeline_depth() == 2) return launch_stream_rows<WT, XT, 2>(c, p, grid);
         if (gemv_pipeline_depth() == 1) return launch_stream_rows<WT, XT, 1>(c, p, grid);
