@@ -613,11 +613,33 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
         const int64_t R = t * a.nq + g * G + int(flat % G);
         const float* f = fac + r * kFactors;
         const int64_t P = int64_t(split) * a.T * a.nq + R;  // partial row (n_split > 1)
-        for (int d = lane; d < dv; d += 32) {
-            float acc = 0.f;
-            for (int p = 0; p < kp; ++p) acc += Ow[((p * n_rg + grp) * 16 + rr) * ldo + d] * f[p];
-            if (a.n_split == 1) store_f(a.out, a.out_dtype, R * dv + d, acc * f[kScale]);
-            else a.part_o[P * dv + d] = acc;
+        if constexpr (kDv == 4 * 32) {  // fixed dims (bf16 out): a lane's 4 adjacent columns, 16-byte loads
+            const int d = lane * 4;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int p = 0; p < kp; ++p) {
+                const float4 o = *reinterpret_cast<const float4*>(Ow + ((p * n_rg + grp) * 16 + rr) * ldo + d);
+                acc.x += o.x * f[p];
+                acc.y += o.y * f[p];
+                acc.z += o.z * f[p];
+                acc.w += o.w * f[p];
+            }
+            if (a.n_split == 1) {
+                const float scale = f[kScale];
+                const __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x * scale, acc.y * scale),
+                                             __floats2bfloat162_rn(acc.z * scale, acc.w * scale)};
+                *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(a.out) + R * dv + d) =
+                    *reinterpret_cast<const uint2*>(v);
+            } else {
+                *reinterpret_cast<float4*>(a.part_o + P * dv + d) = acc;
+            }
+        } else {
+            for (int d = lane; d < dv; d += 32) {
+                float acc = 0.f;
+                for (int p = 0; p < kp; ++p) acc += Ow[((p * n_rg + grp) * 16 + rr) * ldo + d] * f[p];
+                if (a.n_split == 1) store_f(a.out, a.out_dtype, R * dv + d, acc * f[kScale]);
+                else a.part_o[P * dv + d] = acc;
+            }
         }
         if (a.n_split > 1 && lane == 0) {
             a.part_ml[P * 2] = f[kScale];
@@ -849,7 +871,9 @@ int attention_decode(Context* c, const xinfer_op* op) {
         a.part_o = reinterpret_cast<float*>(c->scratch + off_o);
         a.part_ml = reinterpret_cast<float*>(c->scratch + off_ml);
     }
-    const bool bf16 = a.q_vec && a.k_vec && a.v_vec && out.dtype == XINFER_DTYPE_BF16 && bf16_instance_enabled();
+    // (out 8-byte aligned: the fixed-dims instances store 4 bf16 columns at once)
+    const bool bf16 = a.q_vec && a.k_vec && a.v_vec && out.dtype == XINFER_DTYPE_BF16 && pointer_alignment(out.data) >= 8 &&
+                      bf16_instance_enabled();
     const auto kernel = warps == 8 ? decode_kernel_for<8>(bf16, dk, dv) : decode_kernel_for<4>(bf16, dk, dv);
     if (L.total > 48 * 1024)
         XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
