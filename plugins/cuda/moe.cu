@@ -99,14 +99,6 @@ __global__ void scatter_kernel(const int32_t* ids /*[P]*/, int64_t P, int E, int
 constexpr int kStreamWarps = 8;
 constexpr int kStreamUnroll = 8;  // 16-byte loads per weight row in flight per lane
 
-// 16 bytes of weights that are read once: no L1 allocation, so the activations stay cached.
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
     const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
@@ -182,8 +174,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32)
         for (int k = 0; k < kStreamUnroll; ++k) {
             const int64_t at = base + (k * 32 + lane) * 8;
             if (at < H) {
-                wg[k] = load_stream(gate + at);
-                wu[k] = load_stream(up + at);
+                wg[k] = load_stream16<false>(gate + at);
+                wu[k] = load_stream16<false>(up + at);
             }
         }
 #pragma unroll
@@ -232,8 +224,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32)
             for (int k = 0; k < kStreamUnroll; ++k) {
                 const int64_t at = base + (k * 32 + lane) * 8;
                 if (at < I) {
-                    if (ok0) a0[k] = load_stream(r0 + at);
-                    if (ok1) a1[k] = load_stream(r1 + at);
+                    if (ok0) a0[k] = load_stream16<false>(r0 + at);
+                    if (ok1) a1[k] = load_stream16<false>(r1 + at);
                 }
             }
 #pragma unroll
@@ -297,7 +289,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 4)
 #pragma unroll
             for (int u = 0; u < kSlotUnroll<kFp8>; ++u) {
                 const int64_t at = base + (u * 32 + lane) * W::kLaneCols;
-                if (at < I) wv[u] = load_stream(w + at * W::kBytes);
+                if (at < I) wv[u] = load_stream16<false>(w + at * W::kBytes);
             }
 #pragma unroll
             for (int u = 0; u < kSlotUnroll<kFp8>; ++u) {

@@ -31,16 +31,24 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Each lane's 16 bytes are a quarter of a 64-byte run of one weight row (8 rows per warp load), so
-// the load asks L2 for the whole 128-byte line: the next load of the lane's quad finds the other
-// half there. H200, 8 experts' 134 MB read in this pattern (cuda-stream-patterns, plugins/cuda/dev):
-// 3.5 TB/s without the hint, 4.0 with it, as fast as whole 512-byte row segments (.L2::256B gained
-// the same, .L2::64B nothing); the whole MoE op at T = 8 over 8 experts 131 -> 122 µs.
+// 16 bytes of weights that are read once: no L1 allocation, so the activations stay cached.
+// kWholeLine (the default): each lane's 16 bytes are a quarter of a 64-byte run of one weight row
+// (8 rows per warp load), so the load asks L2 for the whole 128-byte line: the next load of the
+// lane's quad finds the other half there. H200, 8 experts' 134 MB read in this pattern
+// (cuda-stream-patterns, plugins/cuda/dev): 3.5 TB/s without the hint, 4.0 with it, as fast as whole
+// 512-byte row segments (.L2::256B gained the same, .L2::64B nothing); the whole MoE op at T = 8 over
+// 8 experts 131 -> 122 µs. Row-contiguous streams (a warp reads 512 bytes of one row) need no hint.
+template <bool kWholeLine = true>
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    if constexpr (kWholeLine)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    else
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
     return v;
 }
 
