@@ -552,15 +552,26 @@ int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
 // 8-token DFlash verify step 13.26 -> 10.88 ms. 2 or 1 tiles per block (more, smaller blocks per
 // SM) read the same as 4 (53.0-53.2%), and a ring of 6 slots instead of 4 slightly less (52.8-52.9
 // against 53.1-53.2%).
+// Session 14 (ncu: 428 instructions per 2 KB warp round, a third of the stall samples on the
+// dependent mma chain, 30% of the instructions the widening through f32 to bf16): the first
+// rounds go into the ring itself before the PDL wait; a round's two chunks are interleaved
+// independent mma chains; and when x is small (kFp8MmaF16MaxBytes) it is staged in shared memory
+// as power-of-two-scaled f16 (stage_act_f16) so the weights widen to f16 in one conversion per
+// pair for the f16 mma — exact products as before. H200, ops-test --perf, T = 1: the fused qkv
+// [14848, 4096] 33.6 -> 20.0 µs (71% of copy), [32768, 4096] 62.1 -> 40.3 µs (78%).
 constexpr int kFp8MmaTiles = 4;                 // 16-row tiles per block
 constexpr int kFp8MmaWarps = 2 * kFp8MmaTiles;  // two warps per tile, each streaming half of K
 constexpr int kFp8MmaU = 2;                     // 64-column chunks of each of the tile's rows per round
 constexpr int kFp8MmaRing = 4;                  // ring slots (rounds) per warp
 constexpr size_t kFp8MmaRingBytes = size_t(kFp8MmaWarps) * kFp8MmaRing * 2 * kFp8MmaU * 32 * 16;  // 64 KB
 
+template <bool kEarly, bool kF16>
 __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(StreamGemv p) {
-    extern __shared__ __align__(16) uint4 fp8_ring[];  // [warps][kFp8MmaRing][2 · kFp8MmaU][32]
+    // [warps][kFp8MmaRing][2 · kFp8MmaU][32], then (kF16) x as f16 [rows, K]
+    extern __shared__ __align__(16) uint4 fp8_ring[];
     __shared__ float partner[kFp8MmaTiles][4][32];     // the second half's sums
+    __shared__ float x_inv[kGemvMaxRows];              // kF16: the rows' scales
+    __shared__ int x_max[kGemvMaxRows];                // kF16: stage_act_f16's scratch
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, c = lane % 4;
     const int tile = warp % kFp8MmaTiles, half = warp / kFp8MmaTiles;
     const int64_t n0 = (int64_t(blockIdx.x) * kFp8MmaTiles + tile) * 16, K = p.k;
@@ -573,7 +584,9 @@ __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(Stre
     const float* scale_row =
         p.scale + ((nt / p.shard_rows) * p.blocks_per_shard + (nt % p.shard_rows) / p.block_rows) * p.scale_cols;
     // B's column g is token g; columns past p.rows repeat the last token and are not stored.
-    const __nv_bfloat16* xr = static_cast<const __nv_bfloat16*>(p.x) + min(g, p.rows - 1) * K;
+    __half* x_f16 = reinterpret_cast<__half*>(fp8_ring + kFp8MmaWarps * kFp8MmaRing * 2 * kFp8MmaU * 32);
+    const __nv_bfloat16* xr = kF16 ? reinterpret_cast<const __nv_bfloat16*>(x_f16) + min(g, p.rows - 1) * K
+                                   : static_cast<const __nv_bfloat16*>(p.x) + min(g, p.rows - 1) * K;
 
     struct Round {  // kFp8MmaU chunks of rows g and g + 8
         uint4 r0[kFp8MmaU], r1[kFp8MmaU];
@@ -582,36 +595,56 @@ __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(Stre
         const int64_t col = kb + (m % kFp8MmaU) * kChunk + c * 16;
         return col < K ? (m < kFp8MmaU ? w0 : w1) + col : nullptr;
     };
-    // Weights are constant: the first rounds may be requested into L2 before the previous kernel
-    // has finished (programmatic dependent launch); x is read only after the wait.
-    if (active)
-        for (int d = 0; d < kFp8MmaRing - 1; ++d)
+    // Weights are constant: the first rounds may be requested before the previous kernel has
+    // finished (programmatic dependent launch); x is read only after the wait. kEarly: into the
+    // ring itself; else only into L2.
+    uint4* ring = fp8_ring + warp * kFp8MmaRing * 2 * kFp8MmaU * 32;
+    if (active) {
+        if constexpr (kEarly) {
+            ring_issue_first<kFp8MmaRing, 2 * kFp8MmaU>(half * kStep, K, 2 * kStep, ring, lane, src);
+        } else {
+            for (int d = 0; d < kFp8MmaRing - 1; ++d)
 #pragma unroll
-            for (int m = 0; m < 2 * kFp8MmaU; ++m)
-                if (const char* a = src(m, half * kStep + d * 2 * kStep)) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+                for (int m = 0; m < 2 * kFp8MmaU; ++m)
+                    if (const char* a = src(m, half * kStep + d * 2 * kStep))
+                        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        }
+    }
     pdl_begin();
+    if constexpr (kF16) stage_act_f16(static_cast<const __nv_bfloat16*>(p.x), int(p.rows), K, x_f16, x_inv, x_max);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    // The round's chunks are two independent mma chains, interleaved (one chain of 4 dependent mmas
+    // per chunk left the warps waiting on the tensor core: a third of the stall samples).
     const auto use_round = [&](const Round& r, int64_t kb) {
+        AFrag<true, kF16> f[kFp8MmaU];
+        uint32_t xw[kFp8MmaU][8];
+        float t[kFp8MmaU][4];
+#pragma unroll
+        for (int u = 0; u < kFp8MmaU; ++u) {
+            const int64_t col = kb + u * kChunk + c * 16;
+            f[u].set(r.r0[u], r.r1[u]);
+            if constexpr (kF16) load_x_frag<true, kActShared>(xw[u], xr, col, col < K);
+            else load_x_frag<true>(xw[u], xr, col, col < K);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) t[u][i] = 0.f;
+        }
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int u = 0; u < kFp8MmaU; ++u) f[u].mma_step(t[u], m, xw[u]);
 #pragma unroll
         for (int u = 0; u < kFp8MmaU; ++u) {
             const int64_t chunk = kb + u * kChunk;
-            if (chunk >= K) break;  // warp-uniform
-            AFrag<true> f;
-            f.set(r.r0[u], r.r1[u]);
+            if (chunk >= K) break;  // warp-uniform; past K the weights and x are zero
             const float s = __ldg(scale_row + chunk / p.block_cols);
-            uint32_t xw[8];
-            load_x_frag<true>(xw, xr, chunk + c * 16, chunk + c * 16 < K);
-            float t[4] = {0.f, 0.f, 0.f, 0.f};
-            f.mma(t, xw);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[i], s, acc[i]);
+            for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[u][i], s, acc[i]);
         }
     };
     if (active)
-        stream_rounds_ring<kFp8MmaRing, 2 * kFp8MmaU, Round>(half * kStep, K, 2 * kStep,
-                                                             fp8_ring + warp * kFp8MmaRing * 2 * kFp8MmaU * 32, lane,
-                                                             src, use_round);
+        stream_rounds_ring<kFp8MmaRing, 2 * kFp8MmaU, Round>(half * kStep, K, 2 * kStep, ring, lane, src, use_round,
+                                                             kEarly);
     if (half == 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i) partner[tile][i][lane] = acc[i];
@@ -623,7 +656,8 @@ __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(Stre
             const int64_t row = n0 + g + (i >= 2 ? 8 : 0);
             const int token = 2 * c + (i & 1);
             if (row < p.n && token < p.rows)
-                store_f(p.y, p.y_dtype, int64_t(token) * p.n + row, acc[i] + partner[tile][i][lane]);
+                store_f(p.y, p.y_dtype, int64_t(token) * p.n + row,
+                        (acc[i] + partner[tile][i][lane]) * (kF16 ? x_inv[token] : 1.f));
         }
 }
 
@@ -637,13 +671,21 @@ bool fp8_mma_gemv_fits(const Context* c, const StreamGemv& p, bool x_aligned) {
            ceil_div(p.n, int64_t(16 * kFp8MmaTiles)) >= std::max(c->sm_count, 1) && p.n < (int64_t(1) << 31);
 }
 
+// XINFER_CUDA_FP8_EARLY_RING=0: only an L2 prefetch of the first rounds before the PDL wait.
+// x as f16 in shared memory (the f16 mma) when it takes at most kFp8MmaF16MaxBytes (two blocks
+// still fit per SM) and XINFER_CUDA_FP8_F16_MMA has bit kF16MmaGemv; else the bf16 mma.
+constexpr size_t kFp8MmaF16MaxBytes = 16 * 1024;
 int launch_fp8_mma_gemv(Context* c, const StreamGemv& p) {
     static_assert(kFp8MmaRingBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
-    XCUDA_TRY(c, cudaFuncSetAttribute(fp8_mma_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(kFp8MmaRingBytes)));
-    return launch_pdl(c, "fp8_mma_gemv_kernel", fp8_mma_gemv_kernel,
-                      dim3(unsigned(ceil_div(p.n, int64_t(16 * kFp8MmaTiles)))), dim3(kFp8MmaWarps * 32),
-                      kFp8MmaRingBytes, p);
+    static const bool early = env_flag("XINFER_CUDA_FP8_EARLY_RING", true);
+    const size_t x_f16_bytes = size_t(p.rows) * size_t(p.k) * 2;
+    const bool f16 = fp8_f16_mma_enabled(kF16MmaGemv) && x_f16_bytes <= kFp8MmaF16MaxBytes;
+    const auto kernel = f16 ? (early ? fp8_mma_gemv_kernel<true, true> : fp8_mma_gemv_kernel<false, true>)
+                            : (early ? fp8_mma_gemv_kernel<true, false> : fp8_mma_gemv_kernel<false, false>);
+    const size_t smem = kFp8MmaRingBytes + (f16 ? x_f16_bytes : 0);
+    XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return launch_pdl(c, "fp8_mma_gemv_kernel", kernel,
+                      dim3(unsigned(ceil_div(p.n, int64_t(16 * kFp8MmaTiles)))), dim3(kFp8MmaWarps * 32), smem, p);
 }
 
 // XINFER_CUDA_DENSE_GEMV=0 restores the previous routing (cuBLASLt for bf16/f32 weights, gemv_kernel
@@ -727,6 +769,11 @@ cudaDataType cuda_type(int dtype) {
 }
 
 }  // namespace
+
+bool fp8_f16_mma_enabled(int kernel) {
+    static const int64_t mask = env_int("XINFER_CUDA_FP8_F16_MMA", kF16MmaGemv | kF16MmaGateUp);
+    return (mask & kernel) != 0;
+}
 
 // y[T, N] = x[T, K] · w[N, K]ᵀ with x and w of dtype ab, y of dtype d. Returns XINFER_UNSUPPORTED
 // (without an error message) when cuBLASLt offers no algorithm, so the caller can fall back.

@@ -62,6 +62,13 @@ struct Gemv {
     int n_groups = 1;                  // group ids outside [0, n_groups) give NaN rows
 };
 bool gemv_fits(const Gemv& g);
+
+// Whether an FP8 tensor-core stream (fp8_mma_gemv_kernel, the grouped expert gate_up kernel) may
+// run the f16 mma on e4m3 weights widened to f16, with its activations staged as power-of-two-
+// scaled f16 in shared memory (weight_stream.cuh: stage_act_f16). XINFER_CUDA_FP8_F16_MMA: a mask
+// of the kernels that do (default 3 = both; 0 = the bf16 mma everywhere).
+enum F16MmaKernel { kF16MmaGemv = 1, kF16MmaGateUp = 2 };
+bool fp8_f16_mma_enabled(int kernel);
 int launch_gemv(Context* c, const Gemv& g);
 
 // w[N, K] e4m3 with block scales (GroupedGemm's scale grid: restarting every shard_rows rows,

@@ -13,6 +13,7 @@
 #include "device_utils.cuh"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -52,6 +53,22 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
     return v;
 }
 
+// d[16×8] += a[16×16] · b[16×8] with f16 inputs (the layout of mma_16816).
+__device__ __forceinline__ void mma_16816_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 values (the low 16 bits of v) to f16x2: one conversion instruction, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
 // Two e4m3 values (the low 16 bits of v) to bf16x2, exactly (e4m3 ⊂ f16 ⊂ f32, and bf16 holds
 // every e4m3 value).
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
@@ -62,50 +79,130 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
 }
 
 // One chunk's A fragments (rows g and g+8), ready for the mma: bf16 chunks are 32 columns (two
-// k16 steps), fp8 chunks 64 columns (four).
-template <bool kFp8>
+// k16 steps), fp8 chunks 64 columns (four). kF16 (fp8 only): the e4m3 weights become f16 (one
+// conversion per pair instead of four through f32 to bf16) for the f16 mma, whose activations
+// must then be f16 too (stage_act_f16).
+template <bool kFp8, bool kF16 = false>
 struct AFrag {
+    static_assert(kFp8 || !kF16, "f16 fragments are for e4m3 weights");
     static constexpr int kSteps = kFp8 ? 4 : 2;
     uint32_t a[kSteps][4];
+    __device__ __forceinline__ static uint32_t widen(uint32_t v) {
+        if constexpr (kF16) return e4m3x2_to_f16x2(v);
+        else return e4m3x2_to_bf16x2(v);
+    }
     __device__ __forceinline__ void set(uint4 r0, uint4 r1) {
         if constexpr (kFp8) {
             const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
 #pragma unroll
             for (int m = 0; m < 4; ++m) {  // step m: columns 16c + 4m .. 16c + 4m + 3
-                a[m][0] = e4m3x2_to_bf16x2(w0[m]);
-                a[m][1] = e4m3x2_to_bf16x2(w1[m]);
-                a[m][2] = e4m3x2_to_bf16x2(w0[m] >> 16);
-                a[m][3] = e4m3x2_to_bf16x2(w1[m] >> 16);
+                a[m][0] = widen(w0[m]);
+                a[m][1] = widen(w1[m]);
+                a[m][2] = widen(w0[m] >> 16);
+                a[m][3] = widen(w1[m] >> 16);
             }
         } else {  // step m: columns 8c + 4m .. 8c + 4m + 3
             a[0][0] = r0.x, a[0][1] = r1.x, a[0][2] = r0.y, a[0][3] = r1.y;
             a[1][0] = r0.z, a[1][1] = r1.z, a[1][2] = r0.w, a[1][3] = r1.w;
         }
     }
+    // d += step m of A · X.
+    __device__ __forceinline__ void mma_step(float (&d)[4], int m, const uint32_t* xw) const {
+        if constexpr (kF16) mma_16816_f16(d, a[m][0], a[m][1], a[m][2], a[m][3], xw[2 * m], xw[2 * m + 1]);
+        else mma_16816(d, a[m][0], a[m][1], a[m][2], a[m][3], xw[2 * m], xw[2 * m + 1]);
+    }
     // d += A · X for one 8-pair tile; xw = the lane's activations at its columns of the chunk
     // (8 bf16 in xw[0..3], fp8 chunks 16 in xw[0..7]).
     __device__ __forceinline__ void mma(float (&d)[4], const uint32_t* xw) const {
 #pragma unroll
-        for (int m = 0; m < kSteps; ++m) mma_16816(d, a[m][0], a[m][1], a[m][2], a[m][3], xw[2 * m], xw[2 * m + 1]);
+        for (int m = 0; m < kSteps; ++m) mma_step(d, m, xw);
     }
 };
 
+// Stages bf16 activations [rows, K] (row stride K, 16-byte aligned, K % 8 == 0) in shared memory
+// as f16 for the f16 mma, row r times 2^s_r so that its largest magnitude lies in [2^14, 2^15):
+// every value down to 2^-32 of the row's largest keeps all of its 8 significant bits (f16 holds 11
+// down to 2^-14 and steps of 2^-24 below), smaller ones round to steps of 2^-38 of the largest,
+// far below the f32 sums' own rounding. The products with e4m3 weights are exact in f32, as on the
+// bf16 path; inv[r] = 2^-s_r undoes the scale on the sums. A row holding inf or NaN keeps s = 0
+// (it poisons its sums as before). Block-wide: every thread calls it (it synchronizes). One pass:
+// each thread holds at most kStageVecs 16-byte pieces in registers (rows · K ≤ 8 · kStageVecs ·
+// blockDim), the rows' maxima meet in shared memory (row_max: ≥ rows ints, rows ≤ kStageMaxRows);
+// loads go through L2 (the source may be the previous PDL grid's output).
+constexpr int kStageVecs = 16, kStageMaxRows = 64;
+// s for a row whose largest magnitude has the bits max_bits (0 for zero, inf or NaN rows).
+__device__ __forceinline__ int stage_shift(int max_bits) {
+    const float m = __int_as_float(max_bits);
+    int exponent = 0;
+    frexpf(m, &exponent);  // m in [2^(exponent - 1), 2^exponent)
+    return m > 0.f && m <= 3.4e38f ? max(-120, min(120, 15 - exponent)) : 0;
+}
+__device__ __forceinline__ void stage_act_f16(const __nv_bfloat16* src, int rows, int64_t K, __half* dst, float* inv,
+                                              int* row_max) {
+    const int64_t vecs = K / 8, total = int64_t(rows) * vecs;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) row_max[r] = 0;
+    __syncthreads();
+    uint4 v[kStageVecs];
+#pragma unroll
+    for (int k = 0; k < kStageVecs; ++k) {
+        const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+        if (i >= total) break;
+        v[k] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+    }
+#pragma unroll
+    for (int k = 0; k < kStageVecs; ++k) {
+        const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+        if (i >= total) break;
+        const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+        float m = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 f = __bfloat1622float2(b[e]);
+            m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+        atomicMax(row_max + i / vecs, __float_as_int(m));  // non-negative floats order as ints
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) inv[r] = __int_as_float((127 - stage_shift(row_max[r])) << 23);
+#pragma unroll
+    for (int k = 0; k < kStageVecs; ++k) {
+        const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+        if (i >= total) break;
+        const float up = __int_as_float((127 + stage_shift(row_max[i / vecs])) << 23);
+        const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+        uint4 o;
+        uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 f = __bfloat1622float2(b[e]);
+            const __half2 h = __floats2half2_rn(f.x * up, f.y * up);
+            ow[e] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+        reinterpret_cast<uint4*>(dst)[i] = o;
+    }
+    __syncthreads();
+}
+
 // The lane's activation fragment of one chunk: columns [col, col + 8·(1 + kFp8)), zero past the end.
-// kL2: through L2 only (`h`, which the gate_up grid writes while a PDL-launched down grid already
-// runs, so it is not read-only for the reader's lifetime); else the read-only path (x, reused from
-// L1 by the block's other row tiles).
-template <bool kFp8, bool kL2>
+// Where the activations are read from:
+//   kActReadOnly  the read-only path (x, reused from L1 by the block's other row tiles);
+//   kActL2        through L2 only (`h`, which the gate_up grid writes while a PDL-launched down
+//                 grid already runs, so it is not read-only for the reader's lifetime);
+//   kActShared    a copy in shared memory (plain generic loads).
+enum ActSource { kActReadOnly, kActL2, kActShared };
+template <ActSource kSrc>
 __device__ __forceinline__ uint4 load_act16(const __nv_bfloat16* p) {
-    if constexpr (kL2) return __ldcg(reinterpret_cast<const uint4*>(p));
+    if constexpr (kSrc == kActL2) return __ldcg(reinterpret_cast<const uint4*>(p));
+    else if constexpr (kSrc == kActShared) return *reinterpret_cast<const uint4*>(p);
     else return __ldg(reinterpret_cast<const uint4*>(p));
 }
-template <bool kFp8, bool kL2 = false>
+template <bool kFp8, ActSource kSrc = kActReadOnly>
 __device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat16* row, int64_t col, bool ok) {
     const uint4 z = make_uint4(0, 0, 0, 0);
-    const uint4 v0 = ok ? load_act16<kFp8, kL2>(row + col) : z;
+    const uint4 v0 = ok ? load_act16<kSrc>(row + col) : z;
     xw[0] = v0.x, xw[1] = v0.y, xw[2] = v0.z, xw[3] = v0.w;
     if constexpr (kFp8) {
-        const uint4 v1 = ok ? load_act16<kFp8, kL2>(row + col + 8) : z;
+        const uint4 v1 = ok ? load_act16<kSrc>(row + col + 8) : z;
         xw[4] = v1.x, xw[5] = v1.y, xw[6] = v1.z, xw[7] = v1.w;
     }
 }
@@ -150,24 +247,35 @@ __device__ __forceinline__ void cp_async16_or_zero(uint4* dst, const void* src) 
     const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
+// Issues round d (kb = begin + d·step, if < end) into ring slot `slot` as one cp.async group.
+template <int M, typename Src>
+__device__ __forceinline__ void ring_issue(uint4* ring, int lane, int slot, int64_t kb, int64_t end, const Src& src) {
+    if (kb < end)
+#pragma unroll
+        for (int m = 0; m < M; ++m) cp_async16_or_zero(ring + (slot * M + m) * 32 + lane, src(m, kb));
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+// The ring's first kRing - 1 rounds. A kernel may issue them before its PDL wait (the weights are
+// constant) and pass first_issued = true to stream_rounds_ring: the stream then starts with its
+// loads already in flight while the previous kernel finishes.
+template <int kRing, int M, typename Src>
+__device__ __forceinline__ void ring_issue_first(int64_t begin, int64_t end, int64_t step, uint4* ring, int lane,
+                                                 const Src& src) {
+#pragma unroll
+    for (int d = 0; d < kRing - 1; ++d) ring_issue<M>(ring, lane, d, begin + d * step, end, src);
+}
 template <int kRing, int M, typename Round, typename Src, typename Use>
 __device__ __forceinline__ void stream_rounds_ring(int64_t begin, int64_t end, int64_t step, uint4* ring /*[kRing][M][32]*/,
-                                                   int lane, const Src& src, const Use& use_round) {
+                                                   int lane, const Src& src, const Use& use_round,
+                                                   bool first_issued = false) {
     static_assert(sizeof(Round) == M * 16, "a round is M 16-byte loads");
-    const auto issue = [&](int slot, int64_t kb) {
-        if (kb < end)
-#pragma unroll
-            for (int m = 0; m < M; ++m) cp_async16_or_zero(ring + (slot * M + m) * 32 + lane, src(m, kb));
-        asm volatile("cp.async.commit_group;\n" ::);
-    };
     // Round i lives in slot i % kRing; rounds 0 .. kRing - 2 go out first.
-#pragma unroll
-    for (int d = 0; d < kRing - 1; ++d) issue(d, begin + d * step);
+    if (!first_issued) ring_issue_first<kRing, M>(begin, end, step, ring, lane, src);
     int slot = 0;
     for (int64_t kb = begin; kb < end; kb += step) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(kRing - 2));  // round i has landed
         // Round i + kRing - 1 into the slot that round i - 1 used (read back last iteration).
-        issue(slot == 0 ? kRing - 1 : slot - 1, kb + (kRing - 1) * step);
+        ring_issue<M>(ring, lane, slot == 0 ? kRing - 1 : slot - 1, kb + (kRing - 1) * step, end, src);
         Round w;
         uint4* wv = reinterpret_cast<uint4*>(&w);
 #pragma unroll

@@ -974,6 +974,8 @@ std::vector<OpCase> perf_cases() {
     cases.push_back(moe_experts_case(4096, hidden, 2048, 8, 8, bf16, ++seed));
     cases.push_back(moe_experts_fp8_case(4096, hidden, 2048, 8, 8, 128, 128, ++seed));
     cases.push_back(matmul_fp8_case(4096, 12288, 4096, 128, 128, 1, true, ++seed));  // a prefill q_proj, FP8
+    // The FP8 checkpoint's fused sliding-window q | k | v projection at decode and 8-token verify.
+    for (int T : {1, 8}) cases.push_back(matmul_fp8_case(T, 14848, 4096, 128, 128, 1, true, ++seed));
     add_decode_matmul_perf_cases(cases, seed);
     return cases;
 }
