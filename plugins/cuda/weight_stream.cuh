@@ -1,6 +1,6 @@
 // Tensor-core weight streams shared by the few-token kernels (moe.cu's grouped experts, gemm.cu's
-// FP8 GEMV): the bf16 mma, 16-byte streaming loads, e4m3 → bf16 A fragments, activation
-// fragments, and the register / shared-memory-ring round pipelines.
+// FP8 GEMV): the bf16 and f16 mma, 16-byte streaming loads, e4m3 → bf16 / f16 A fragments,
+// activation fragments and their f16 staging, and the register / shared-memory-ring round pipelines.
 //
 // mma.sync m16n8k16: a warp owns 16 weight rows (lane (g, c) = (lane/4, lane%4) holds rows g and
 // g + 8), and the 8 columns of B are 8 activation rows (tokens or pairs). The mma's k order is a
