@@ -100,19 +100,6 @@ __device__ T block_sum(T v, T* shared) {
     return total;
 }
 
-// Maximum over the block (NaN ignored, as fmaxf does); every thread gets the result. Same contract
-// as block_sum.
-__device__ __forceinline__ float block_max(float v, float* shared) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    float m = shared[0];
-    for (int w = 1; w < n_warps; ++w) m = fmaxf(m, shared[w]);
-    return m;
-}
-
 // (value, index) maximum with ties to the lower index; NaN never wins.
 struct ArgBest {
     float value;

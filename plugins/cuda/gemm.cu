@@ -614,33 +614,12 @@ __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(Stre
     if constexpr (kF16) stage_act_f16(static_cast<const __nv_bfloat16*>(p.x), int(p.rows), K, x_f16, x_inv, x_max);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    // The round's chunks are two independent mma chains, interleaved (one chain of 4 dependent mmas
-    // per chunk left the warps waiting on the tensor core: a third of the stall samples).
     const auto use_round = [&](const Round& r, int64_t kb) {
-        AFrag<true, kF16> f[kFp8MmaU];
-        uint32_t xw[kFp8MmaU][8];
-        float t[kFp8MmaU][4];
-#pragma unroll
-        for (int u = 0; u < kFp8MmaU; ++u) {
-            const int64_t col = kb + u * kChunk + c * 16;
-            f[u].set(r.r0[u], r.r1[u]);
-            if constexpr (kF16) load_x_frag<true, kActShared>(xw[u], xr, col, col < K);
-            else load_x_frag<true>(xw[u], xr, col, col < K);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) t[u][i] = 0.f;
-        }
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-#pragma unroll
-            for (int u = 0; u < kFp8MmaU; ++u) f[u].mma_step(t[u], m, xw[u]);
-#pragma unroll
-        for (int u = 0; u < kFp8MmaU; ++u) {
-            const int64_t chunk = kb + u * kChunk;
-            if (chunk >= K) break;  // warp-uniform; past K the weights and x are zero
-            const float s = __ldg(scale_row + chunk / p.block_cols);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[u][i], s, acc[i]);
-        }
+        const auto load_x = [&](uint32_t(&xw)[8], int64_t col, bool ok) {
+            if constexpr (kF16) load_x_frag<true, kActShared>(xw, xr, col, ok);
+            else load_x_frag<true>(xw, xr, col, ok);
+        };
+        fp8_round_mma<kFp8MmaU, kF16>(r.r0, r.r1, kb, K, c, scale_row, p.block_cols, load_x, acc);
     };
     if (active)
         stream_rounds_ring<kFp8MmaRing, 2 * kFp8MmaU, Round>(half * kStep, K, 2 * kStep, ring, lane, src, use_round,

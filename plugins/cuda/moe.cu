@@ -602,33 +602,13 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                     wv[m] = p ? load_stream16(p) : make_uint4(0, 0, 0, 0);
                 }
             };
-            // One fp8 token tile: the round's chunks are independent mma chains, interleaved (as in
-            // gemm.cu's fp8_mma_gemv_kernel).
+            // One fp8 token tile: the round's chunks as interleaved mma chains (fp8_round_mma).
             const auto use_round_fp8 = [&](const Round& w, int64_t kb) {
-                AFrag<true> f[kU];
-                uint32_t xw[kU][8];
-                float t[kU][4];
-#pragma unroll
-                for (int u = 0; u < kU; ++u) {
-                    const int64_t col = kb + u * kChunk + c * kLaneCols;
-                    f[u].set(w.r0[u], w.r1[u]);
-                    if (h_in_smem) load_x_frag<true, kActShared>(xw[u], hr[0], col, col < I);
-                    else load_x_frag<true, kActL2>(xw[u], hr[0], col, col < I);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) t[u][i] = 0.f;
-                }
-#pragma unroll
-                for (int m = 0; m < 4; ++m)
-#pragma unroll
-                    for (int u = 0; u < kU; ++u) f[u].mma_step(t[u], m, xw[u]);
-#pragma unroll
-                for (int u = 0; u < kU; ++u) {
-                    const int64_t chunk = kb + u * kChunk;
-                    if (chunk >= I) break;  // warp-uniform; past I the weights and h are zero
-                    const float s = __ldg(scale_row + chunk / block_cols);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) acc[0][i] = fmaf(t[u][i], s, acc[0][i]);
-                }
+                const auto load_h = [&](uint32_t(&xw)[8], int64_t col, bool ok) {
+                    if (h_in_smem) load_x_frag<true, kActShared>(xw, hr[0], col, ok);
+                    else load_x_frag<true, kActL2>(xw, hr[0], col, ok);
+                };
+                fp8_round_mma<kU, false>(w.r0, w.r1, kb, I, c, scale_row, block_cols, load_h, acc[0]);
             };
             const auto use_round = [&](const Round& w, int64_t kb) {
                 if constexpr (kFp8 && kNT == 1) {

@@ -21,15 +21,19 @@
 namespace xcuda {
 namespace {
 
-// d[16×8] += a[16×16] · b[16×8], bf16 in, f32 accumulate. a0/a2: row g, a1/a3: row g+8;
-// a0/a1 and b0 hold k = 2c, 2c+1; a2/a3 and b1 hold k = 2c+8, 2c+9.
+// d[16×8] += a[16×16] · b[16×8], bf16 (kF16: f16) in, f32 accumulate. a0/a2: row g, a1/a3: row
+// g+8; a0/a1 and b0 hold k = 2c, 2c+1; a2/a3 and b1 hold k = 2c+8, 2c+9.
+template <bool kF16 = false>
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                           uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#define XCUDA_MMA_16816(AB)                                                                               \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+                 "{%8, %9}, {%0, %1, %2, %3};\n"                                                           \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                          \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+    if constexpr (kF16) XCUDA_MMA_16816("f16");
+    else XCUDA_MMA_16816("bf16");
+#undef XCUDA_MMA_16816
 }
 
 // 16 bytes of weights that are read once: no L1 allocation, so the activations stay cached.
@@ -51,16 +55,6 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "l"(p));
     return v;
-}
-
-// d[16×8] += a[16×16] · b[16×8] with f16 inputs (the layout of mma_16816).
-__device__ __forceinline__ void mma_16816_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Two e4m3 values (the low 16 bits of v) to f16x2: one conversion instruction, exact.
@@ -108,8 +102,7 @@ struct AFrag {
     }
     // d += step m of A · X.
     __device__ __forceinline__ void mma_step(float (&d)[4], int m, const uint32_t* xw) const {
-        if constexpr (kF16) mma_16816_f16(d, a[m][0], a[m][1], a[m][2], a[m][3], xw[2 * m], xw[2 * m + 1]);
-        else mma_16816(d, a[m][0], a[m][1], a[m][2], a[m][3], xw[2 * m], xw[2 * m + 1]);
+        mma_16816<kF16>(d, a[m][0], a[m][1], a[m][2], a[m][3], xw[2 * m], xw[2 * m + 1]);
     }
     // d += A · X for one 8-pair tile; xw = the lane's activations at its columns of the chunk
     // (8 bf16 in xw[0..3], fp8 chunks 16 in xw[0..7]).
@@ -204,6 +197,42 @@ __device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat
     if constexpr (kFp8) {
         const uint4 v1 = ok ? load_act16<kSrc>(row + col + 8) : z;
         xw[4] = v1.x, xw[5] = v1.y, xw[6] = v1.z, xw[7] = v1.w;
+    }
+}
+
+// acc += Σ_u scale(chunk u) · A_u · X_u over one round of kU e4m3 chunks (64 columns each, rows g
+// and g + 8 of a 16-row tile in r0 / r1) at columns kb + 64u, against one 8-column activation tile.
+// load_x(xw, col, ok) loads the lane's activation fragment at column col (zero when !ok). The
+// chunks' mma chains are independent and run interleaved: one chain of 4 dependent mmas per chunk
+// left the warps waiting on the tensor core (a third of fp8_mma_gemv's stall samples, ncu). Chunks
+// at or past `end` are zero and skipped; a chunk lies in one scale block (block_cols % 64 == 0).
+template <int kU, bool kF16, typename LoadX>
+__device__ __forceinline__ void fp8_round_mma(const uint4 (&r0)[kU], const uint4 (&r1)[kU], int64_t kb, int64_t end,
+                                              int c, const float* scale_row, int64_t block_cols, const LoadX& load_x,
+                                              float (&acc)[4]) {
+    constexpr int kChunk = 64;
+    AFrag<true, kF16> f[kU];
+    uint32_t xw[kU][8];
+    float t[kU][4];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+        const int64_t col = kb + u * kChunk + c * 16;
+        f[u].set(r0[u], r1[u]);
+        load_x(xw[u], col, col < end);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) t[u][i] = 0.f;
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int u = 0; u < kU; ++u) f[u].mma_step(t[u], m, xw[u]);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+        const int64_t chunk = kb + u * kChunk;
+        if (chunk >= end) break;  // warp-uniform
+        const float s = __ldg(scale_row + chunk / block_cols);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[u][i], s, acc[i]);
     }
 }
 
