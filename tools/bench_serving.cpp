@@ -51,7 +51,8 @@ std::vector<int> parse_list(const std::string& text) {
     return values;
 }
 
-// Bytes one decode step must read, from the config (see the file comment).
+// Bytes one decode step must read (see the file comment): weights as the engine holds them,
+// KV from the config.
 struct StepBytes {
     double dense = 0;        // every weight a step reads regardless of routing
     double expert = 0;       // one expert of one layer
@@ -77,17 +78,16 @@ struct StepBytes {
     }
 };
 
-StepBytes step_bytes(const ModelConfig& config, DType weight_dtype, DType kv_dtype) {
+// The engine's own count (Engine::decode_weight_bytes: FP8-resident matrices at their e4m3 bytes
+// plus scales, f32 norms and routers), split into the routing-independent part and one expert.
+StepBytes step_bytes(const ModelConfig& config, const DecodeWeightBytes& weights, DType kv_dtype) {
     StepBytes s;
     s.config = &config;
-    const double w = double(dtype_size(weight_dtype));
-    const ParameterCounts counts = count_parameters(config);
     s.n_experts = config.n_experts;
     s.top_k = config.router.top_k;
-    s.expert = 3.0 * double(config.hidden_size) * double(config.moe_intermediate_size) * w;
+    s.expert = double(weights.per_expert);
     for (const LayerSpec& l : config.layers) s.moe_layers += l.ffn == FfnKind::moe;
-    // active counts top_k experts per MoE layer and the lm_head; routers/norms are f32 but small.
-    s.dense = double(counts.active) * w - s.moe_layers * s.top_k * s.expert + double(config.hidden_size) * w;
+    s.dense = double(weights.batch1) - s.moe_layers * s.top_k * s.expert;
     s.kv_dtype = kv_dtype;
     return s;
 }
@@ -149,14 +149,15 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
     auto backend = make_backend(model.device);
     const bool host = backend->props().host_memory != 0;
     const DType act = host ? DType::f32 : (config.dtype == DType::f32 ? DType::f32 : DType::bf16);
-    const DType weight_dtype = host ? (model.load_format == "dummy" ? DType::bf16 : config.dtype) : act;
-    StepBytes bytes = step_bytes(config, weight_dtype, resolve_kv_cache_dtype(options.kv_cache_dtype, act));
+    const DecodeWeightBytes weights = engine->decode_weight_bytes();
+    StepBytes bytes = step_bytes(config, weights, resolve_kv_cache_dtype(options.kv_cache_dtype, act));
     const double bandwidth_gbps = backend->measure_copy_bandwidth_gbps();
     backend.reset();
 
-    fmt::print("model: {} on {}, weights {}, input {} / output {} tokens, max_num_batched_tokens {}\n",
-               config.architecture, model.device, dtype_name(weight_dtype), options.input_len, options.output_len,
-               options.max_num_batched_tokens);
+    fmt::print("model: {} on {}, weights read by a batch-1 step {:.1f} MB (one expert {:.2f} MB), input {} / "
+               "output {} tokens, max_num_batched_tokens {}\n",
+               config.architecture, model.device, double(weights.batch1) / 1e6, double(weights.per_expert) / 1e6,
+               options.input_len, options.output_len, options.max_num_batched_tokens);
     fmt::print("measured copy bandwidth: {:.2f} GB/s\n\n", bandwidth_gbps);
     const bool moe = bytes.moe_layers > 0;
     fmt::print("| concurrency | output tok/s | TTFT p50 / p90 / p99 (s) | ITL p50 / p90 / p99 (ms) | decode batch | "

@@ -107,6 +107,13 @@ struct EngineStats {
     int64_t census_distinct_experts = 0;
 };
 
+// What the loaded weights cost to read in a decode step, as held on the device (FP8-resident
+// matrices count their e4m3 bytes and scales): the benchmarks' rooflines.
+struct DecodeWeightBytes {
+    uint64_t batch1 = 0;      // a batch-1 step: every dense weight, top_k experts per MoE layer, one embedding row
+    uint64_t per_expert = 0;  // one expert of one MoE layer (0 without experts)
+};
+
 class Engine {
 public:
     // Plans memory, loads the model, allocates the KV pool. Throws with the plan's verdict when
@@ -128,6 +135,7 @@ public:
     EngineStats stats() const;
     // The memory plan the engine started from (`xinfer plan`'s text).
     const std::string& plan_report() const;
+    DecodeWeightBytes decode_weight_bytes() const;
     // Whether the model came with a tokenizer.json: stop strings and RequestOutput::text need it.
     bool has_tokenizer() const;
     // Text → prompt ids with the model's tokenizer.json. Throws with the reason when there is

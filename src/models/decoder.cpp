@@ -430,20 +430,33 @@ std::map<DType, uint64_t> DecoderModel::weight_bytes() const {
     return bytes;
 }
 
+namespace {
+// Bytes of all the experts of one MoE layer (matrices and block scales); 0 for a dense layer.
+uint64_t layer_expert_bytes(const LayerWeights& w) {
+    if (!w.experts_gate_up.data) return 0;
+    uint64_t bytes = w.experts_gate_up.nbytes() + w.experts_down.nbytes();
+    if (!w.experts_gate_up_scale.empty())
+        bytes += w.experts_gate_up_scale.scale.nbytes() + w.experts_down_scale.scale.nbytes();
+    return bytes;
+}
+}  // namespace
+
 uint64_t DecoderModel::weight_bytes_per_decode_token() const {
     uint64_t bytes = 0;
     for (const auto& [dtype, n] : weight_bytes()) bytes += n;
     // One embedding row instead of the table (unless the table is also the lm_head).
     if (!config_.tie_word_embeddings) bytes -= embed_tokens_.nbytes() - embed_tokens_.row_bytes();
     // Only top_k of the experts of each MoE layer.
-    for (const LayerWeights& w : layers_) {
-        if (!w.experts_gate_up.data) continue;
-        uint64_t expert_bytes = w.experts_gate_up.nbytes() + w.experts_down.nbytes();
-        if (!w.experts_gate_up_scale.empty())
-            expert_bytes += w.experts_gate_up_scale.scale.nbytes() + w.experts_down_scale.scale.nbytes();
-        bytes -= expert_bytes - expert_bytes * uint64_t(config_.router.top_k) / uint64_t(config_.n_experts);
-    }
+    for (const LayerWeights& w : layers_)
+        if (const uint64_t experts = layer_expert_bytes(w))
+            bytes -= experts - experts * uint64_t(config_.router.top_k) / uint64_t(config_.n_experts);
     return bytes;
+}
+
+uint64_t DecoderModel::expert_weight_bytes() const {
+    for (const LayerWeights& w : layers_)
+        if (const uint64_t experts = layer_expert_bytes(w)) return experts / uint64_t(config_.n_experts);
+    return 0;
 }
 
 void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {

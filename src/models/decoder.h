@@ -59,6 +59,7 @@ public:
     void forward(const ForwardBatch& batch, const Tensor& logits) override;
     std::map<DType, uint64_t> weight_bytes() const override;
     uint64_t weight_bytes_per_decode_token() const override;
+    uint64_t expert_weight_bytes() const override;
     const Tensor& token_embedding() const override { return embed_tokens_; }
     const Tensor& lm_head() const override { return lm_head_; }
 

@@ -113,6 +113,10 @@ public:
     // Weight bytes one batch-1 decode step reads: every dense weight, top_k of n_experts
     // experts per MoE layer, one embedding row (the whole table when it doubles as lm_head).
     virtual uint64_t weight_bytes_per_decode_token() const = 0;
+    // Bytes of one expert of one MoE layer as held (gate, up and down with their block scales);
+    // 0 without experts. A step whose MoE layers touch d distinct experts each reads
+    // weight_bytes_per_decode_token() + (d - top_k) · MoE layers · this.
+    virtual uint64_t expert_weight_bytes() const = 0;
     // Borrowed by drafters (DFlash, MTP) that share the target's vocabulary projections.
     virtual const Tensor& token_embedding() const = 0;  // [vocab, hidden]
     virtual const Tensor& lm_head() const = 0;          // [vocab, hidden] (the embedding when tied)

@@ -349,6 +349,11 @@ void Engine::set_expert_census(bool on) {
 
 const std::string& Engine::plan_report() const { return impl_->plan_report; }
 
+DecodeWeightBytes Engine::decode_weight_bytes() const {
+    const Model& model = impl_->runner->model();
+    return {model.weight_bytes_per_decode_token(), model.expert_weight_bytes()};
+}
+
 bool Engine::has_tokenizer() const { return impl_->detokenizer != nullptr; }
 
 std::vector<int32_t> Engine::encode(const std::string& text) const {

@@ -249,6 +249,36 @@ std::vector<float> logits_of(LoadedModel& m, const std::vector<int32_t>& prompt,
     return prompt_logits(runner, prompt, chunk);
 }
 
+// The serving bench's roofline splits a decode step's weight bytes into a routing-independent part
+// and one expert (Engine::decode_weight_bytes): what a model holds less what a batch-1 step reads
+// must be exactly the experts it skips and the embedding rows it does not look up, and one expert is
+// its e4m3 matrices plus their scales when resident, 4 bytes a weight in the f32 oracle.
+TEST(Fp8Weights, ExpertBytesSplitTheDecodeRead) {
+    const Fixture fixture = load_fixture("mimo_hub_fp8");
+    LoadOptions options;
+    options.dtype = "float32";
+    LoadedModel oracle = load_on(make_cpu_backend(), fixture.dir, options);
+    options.fp8_weights = "keep";
+    LoadedModel resident = load_on(make_fp8_backend(), fixture.dir, options);
+    const ModelConfig& c = resident.model->config();
+    ASSERT_GT(c.n_experts, c.router.top_k);
+    uint64_t moe_layers = 0;
+    for (const LayerSpec& l : c.layers) moe_layers += l.ffn == FfnKind::moe;
+    ASSERT_GT(moe_layers, 0u);
+    const uint64_t expert_weights = 3 * uint64_t(c.hidden_size) * uint64_t(c.moe_intermediate_size);
+    EXPECT_EQ(oracle.model->expert_weight_bytes(), 4 * expert_weights);
+    EXPECT_GT(resident.model->expert_weight_bytes(), expert_weights);          // + its block scales
+    EXPECT_LT(resident.model->expert_weight_bytes(), expert_weights * 5 / 4);  // f32 per block, blocks ≥ 16 weights
+    for (LoadedModel* m : {&oracle, &resident}) {
+        uint64_t held = 0;
+        for (const auto& [dtype, n] : m->model->weight_bytes()) held += n;
+        const Tensor& embedding = m->model->token_embedding();
+        const uint64_t unread_embedding = c.tie_word_embeddings ? 0 : embedding.nbytes() - embedding.row_bytes();
+        EXPECT_EQ(held - m->model->weight_bytes_per_decode_token(),
+                  moe_layers * uint64_t(c.n_experts - c.router.top_k) * m->model->expert_weight_bytes() + unread_embedding);
+    }
+}
+
 TEST(Fp8Weights, ResidentFp8ModelMatchesTheDequantizingOracle) {
     const Fixture fixture = load_fixture("mimo_hub_fp8");
     LoadOptions options;
