@@ -378,6 +378,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     const bool active = i0 < I;  // no early exit: the block synchronizes below
     const int e = slot_expert[j], n_e = cnt[e];
     const int* pairs = list + end[e] - n_e;
+
     constexpr int kBytes = kFp8 ? 1 : 2, kLaneCols = kFp8 ? 16 : 8, kChunk = 4 * kLaneCols;
     constexpr int64_t kStep = int64_t(kChunk) * kU;
     const char* base = static_cast<const char*>(gate_up) + int64_t(e) * 2 * I * H * kBytes;
