@@ -104,6 +104,9 @@ if [ $engine = 1 ]; then
             # The split-KV kernel runs nearly every attention; the flash kernel it replaced stays the
             # path for FP8 caches and wide heads, so it is checked on the whole attention grid too.
             ops_test_with XINFER_CUDA_DECODE_ATTENTION=0 ops-test-flash-attention.log "flash kernel" --op attention
+            # The prefill kernel (192-row tiles) takes long query tiles only; here it takes every
+            # bf16 192/128 and 128/128 case of the grid (decode, sliding, sinks, non-causal, pages).
+            ops_test_with XINFER_CUDA_ATTN_PREFILL=all ops-test-prefill-attention.log "prefill kernel" --op attention
             # The grouped expert kernels' whole rounds (still the path with more than one token tile).
             ops_test_with XINFER_CUDA_MOE_PIPELINE=0 ops-test-moe-unpipelined.log "unpipelined rounds" \
                 --op moe_experts

@@ -32,6 +32,7 @@
 // checkpoints) and odd head dims are converted element by element into the same bf16 tiles.
 // FP8 caches are left to attention.cu (its flash kernel dequantizes them).
 #include "attention_common.cuh"
+#include "attention_tiles.cuh"
 #include "common.h"
 #include "device_utils.cuh"
 
@@ -48,32 +49,6 @@ constexpr int kMaxWarps = 8;    // blocks have 4 warps, or 8 for 16-row tiles (s
 constexpr int kMaxDv = 128;     // O lives in registers: dv_pad / 8 n-tiles of 4 floats
 constexpr int kMaxDk = 256;
 constexpr int kMaxSplits = 128;  // key-range splits per (row tile, KV head): the combine's capacity
-constexpr float kLog2e = 1.4426950408889634f;
-
-struct DecodeArgs {
-    const void* q;             // [T, nq, dk]
-    const void* k_cache;       // pages of [page_size, nkv, dk], k_page_stride elements apart
-    const void* v_cache;       // pages of [page_size, nkv, dv], v_page_stride elements apart
-    const float* sinks;        // [nq] or null
-    void* out;                 // [T, nq, dv]
-    float* part_o;             // [n_split, T·nq, dv] (n_split > 1)
-    float* part_ml;            // [n_split, T·nq, 2]  (n_split > 1): max (log2 units), denominator
-    const int32_t* cu_q_lens;  // [n_seqs + 1]
-    const int32_t* kv_lens;    // [n_seqs]
-    const int32_t* positions;  // [T]
-    const int32_t* page_table; // [n_seqs, max_pages]
-    int64_t k_page_stride, v_page_stride, T;  // elements
-    int q_dtype, k_dtype, v_dtype, out_dtype;
-    int n_seqs, max_pages, page_size;
-    int page_shift;            // log2(page_size) when it is a power of two, else -1
-    int nq, nkv, group, dk, dv, dk_pad, dv_pad;
-    float scale_log2;          // softmax_scale · log2(e): scores are kept in log2 units
-    int window, causal, n_split;
-    int tile_rows;             // query rows per block: 16 or kRows
-    bool k_vec, v_vec;         // bf16 rows that may be copied with 16-byte cp.async
-    bool q_vec;                // bf16 q rows that may be loaded 16 bytes at a time
-    bool early_kv;             // load the keys before the batch's own tokens before pdl_wait
-};
 
 // Shared memory (bytes): Q [64][ldk], two stages of K [64][ldk] and V [64][ldv] (bf16; rows
 // padded by 8 elements so ldmatrix's 8 row addresses fall in different banks), token ranges.
@@ -101,86 +76,6 @@ __host__ __device__ inline DecodeSmem decode_smem(int dk_pad, int dv_pad, int wa
     L.hi = L.lo + kRows * 4;               // [64] last visible key
     L.total = L.hi + kRows * 4;
     return L;
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(smem_addr(p)));
-}
-// d[16×8] += a[16×8] · b[8×8], bf16 inputs, f32 accumulators (the 8-key steps' P·V).
-__device__ __forceinline__ void mma_bf16_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b));
-}
-// d[16×8] += a[16×16] · b[16×8], bf16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Fills one bf16 shared row [pad] of a tile: `src` ≥ 0 is the cache element offset of the row,
-// kZero zero-fills, kNaN fills the first `len` elements with NaN (a needed key on a missing page).
-constexpr int64_t kZero = -1, kNaN = -2;
-// kPad > 0: pad is that compile-time constant, and the loop over the row's chunks unrolls.
-template <int kPad = 0>
-__device__ __forceinline__ void fill_row_part(__nv_bfloat16* dst, const void* cache, int dtype, int64_t src, int len,
-                                              int pad, bool vec, int part /*0..3*/) {
-    const auto chunk = [&](int c) {
-        __nv_bfloat16* d8 = dst + c * 8;
-        if (src >= 0 && vec && c * 8 + 8 <= len) {
-            cp_async16(d8, static_cast<const __nv_bfloat16*>(cache) + src + c * 8);
-            return;
-        }
-        __nv_bfloat16 v[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int d = c * 8 + e;
-            float x = 0.f;
-            if (d < len) {
-                if (src >= 0) x = load_f(cache, dtype, src + d);
-                else if (src == kNaN) x = __int_as_float(0x7fc00000);
-            }
-            v[e] = __float2bfloat16_rn(x);
-        }
-        *reinterpret_cast<uint4*>(d8) = *reinterpret_cast<const uint4*>(v);
-    };
-    if constexpr (kPad > 0) {
-#pragma unroll
-        for (int c = part; c * 8 < kPad; c += 4) chunk(c);
-    } else {
-        for (int c = part; c * 8 < pad; c += 4) chunk(c);
-    }
 }
 
 // Which rows of a tile issue_tile copies: all of them, or (early K/V loads) the part that may be
@@ -311,8 +206,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
                     vs = int64_t(page[pass]) * a.v_page_stride + slot_row * dv;
                 }
             }
-            fill_row_part<kDk>(Ks + kk * L.ldk, a.k_cache, a.k_dtype, ks, dk, dk_pad, a.k_vec, tid % 4);
-            fill_row_part<kDv>(Vs + kk * L.ldv, a.v_cache, a.v_dtype, vs, dv, dv_pad, a.v_vec, tid % 4);
+            if constexpr (kDk > 0) {  // (bf16 rows with 16-byte chunks: one branch per row)
+                copy_row_part<kDk>(Ks + kk * L.ldk, static_cast<const __nv_bfloat16*>(a.k_cache), ks, tid % 4);
+                copy_row_part<kDv>(Vs + kk * L.ldv, static_cast<const __nv_bfloat16*>(a.v_cache), vs, tid % 4);
+            } else {
+                fill_row_part(Ks + kk * L.ldk, a.k_cache, a.k_dtype, ks, dk, dk_pad, a.k_vec, tid % 4);
+                fill_row_part(Vs + kk * L.ldv, a.v_cache, a.v_dtype, vs, dv, dv_pad, a.v_vec, tid % 4);
+            }
         }
     };
     // The first two tiles (both stages): their older keys now, the fresh ones after the wait.
@@ -482,14 +382,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     const float m_new = fmaxf(m_r[h], mx);
                     const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                    corr[h] = exp2f(m_r[h] - m_use);
+                    corr[h] = fast_exp2(m_r[h] - m_use);
                     m_r[h] = m_new;
                     float sum = 0.f;
 #pragma unroll
                     for (int n = 0; n < kN; ++n)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
-                            const float p = exp2f(sc[n][2 * h + e] - m_use);
+                            const float p = fast_exp2(sc[n][2 * h + e] - m_use);
                             sc[n][2 * h + e] = p;
                             sum += p;
                         }
@@ -758,6 +658,21 @@ int decode_attention_mode() {
 }
 
 
+// Whether a batch of `rows` query rows (Σ q_len · G) in n_seqs sequences takes the prefill kernel
+// (attention_prefill.cu: 192-row tiles, no key splits): at least a full tile per sequence on
+// average and a wave of blocks. XINFER_CUDA_ATTN_PREFILL=0: never (A/B); "all": every batch it
+// can take (tests: the decode-shaped cases of the attention grid then check its masking too).
+bool use_prefill_kernel(int64_t rows, int64_t n_seqs, int64_t nkv, int64_t sm_count) {
+    static const int mode = [] {
+        const char* v = std::getenv("XINFER_CUDA_ATTN_PREFILL");
+        if (v && std::strcmp(v, "0") == 0) return 0;
+        if (v && std::strcmp(v, "all") == 0) return 2;
+        return 1;
+    }();
+    if (mode != 1) return mode == 2;
+    return rows >= kPrefillRows * n_seqs && ceil_div(rows, kPrefillRows) * nkv >= sm_count;
+}
+
 // The kernel instance: bf16 heads of MiMo's (192, 128) and Qwen3's / the DFlash drafter's
 // (128, 128) dims have instances with the dims fixed at compile time
 // (XINFER_CUDA_ATTN_FIXED_DIMS=0: the runtime-dims instances only, A/B).
@@ -832,6 +747,15 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // four warps share each key tile, as in decode). Decode rows (G ≤ 16) fit one tile either way,
     // and take 16-row tiles whenever the batch is decode-shaped (T·G ≤ 16 per sequence) so that
     // they run on the 8-warp instance.
+    // bf16 q, caches and out with 16-byte rows (out 8-byte aligned: the fixed-dims instances store
+    // 4 bf16 columns at once) take the bf16 instances.
+    const bool bf16 = a.q_vec && a.k_vec && a.v_vec && out.dtype == XINFER_DTYPE_BF16 && pointer_alignment(out.data) >= 8 &&
+                      bf16_instance_enabled();
+    if (bf16 && use_prefill_kernel(T * a.group, b.n_seqs, nkv, c->sm_count)) {
+        a.n_split = 1;
+        if (int rc = attention_prefill(c, a); rc != XINFER_UNSUPPORTED) return rc;
+    }
+
     const int64_t blocks_of_64 = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, kRows)) * nkv;
     const bool wide = wide_decode_enabled();
     a.tile_rows = blocks_of_64 < 64 || (wide && T * a.group <= 16 * int64_t(b.n_seqs)) ? 16 : kRows;
@@ -871,9 +795,6 @@ int attention_decode(Context* c, const xinfer_op* op) {
         a.part_o = reinterpret_cast<float*>(c->scratch + off_o);
         a.part_ml = reinterpret_cast<float*>(c->scratch + off_ml);
     }
-    // (out 8-byte aligned: the fixed-dims instances store 4 bf16 columns at once)
-    const bool bf16 = a.q_vec && a.k_vec && a.v_vec && out.dtype == XINFER_DTYPE_BF16 && pointer_alignment(out.data) >= 8 &&
-                      bf16_instance_enabled();
     const auto kernel = warps == 8 ? decode_kernel_for<8>(bf16, dk, dv) : decode_kernel_for<4>(bf16, dk, dv);
     if (L.total > 48 * 1024)
         XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));

@@ -787,6 +787,11 @@ std::vector<OpCase> correctness_cases() {
     attention({.label = "odd page", .q_lens = {3, 1}, .kv_lens = {60, 45}, .n_q = 8, .n_kv = 1, .dk = 192, .dv = 128,
                .window = 20, .sinks = true, .page_size = 7});
     attention({.label = "long decode", .q_lens = {1, 1}, .kv_lens = {2048, 1500}, .n_q = 16, .n_kv = 1, .dk = 192, .dv = 128});
+    // Prefill chunks over cached prefixes (several 128-row tiles per sequence, GQA 16 and 1).
+    attention({.label = "prefill chunks", .q_lens = {200, 77}, .kv_lens = {456, 77}, .n_q = 32, .n_kv = 2, .dk = 192,
+               .dv = 128, .window = 128, .sinks = true});
+    attention({.label = "prefill MHA", .q_lens = {150, 300}, .kv_lens = {150, 420}, .n_q = 2, .n_kv = 2, .dk = 128,
+               .dv = 128});
     // FP8 caches: decode, prefill, chunks, sliding window with sinks, GQA 8/16, MHA, odd pages,
     // split-KV decode, non-causal, pooled like the runner's pages.
     attention({.label = "fp8 decode", .q_lens = {1, 1, 1, 1}, .kv_lens = {1, 37, 300, 129}, .n_q = 16, .n_kv = 2,

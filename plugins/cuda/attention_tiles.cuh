@@ -1,0 +1,151 @@
+// What the tensor-core attention kernels of attention_decode.cu (split-KV) and
+// attention_prefill.cu (long query tiles) share: the op as they read it, and the bf16 tile
+// plumbing (16-byte cp.async into shared memory, ldmatrix, mma.sync m16n8k16 / m16n8k8, the row
+// filler that converts non-bf16 caches and marks missing pages).
+#pragma once
+
+#include "common.h"
+#include "device_utils.cuh"
+
+#include <cstdint>
+
+namespace xcuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct DecodeArgs {
+    const void* q;             // [T, nq, dk]
+    const void* k_cache;       // pages of [page_size, nkv, dk], k_page_stride elements apart
+    const void* v_cache;       // pages of [page_size, nkv, dv], v_page_stride elements apart
+    const float* sinks;        // [nq] or null
+    void* out;                 // [T, nq, dv]
+    float* part_o;             // [n_split, T·nq, dv] (n_split > 1)
+    float* part_ml;            // [n_split, T·nq, 2]  (n_split > 1): max (log2 units), denominator
+    const int32_t* cu_q_lens;  // [n_seqs + 1]
+    const int32_t* kv_lens;    // [n_seqs]
+    const int32_t* positions;  // [T]
+    const int32_t* page_table; // [n_seqs, max_pages]
+    int64_t k_page_stride, v_page_stride, T;  // elements
+    int q_dtype, k_dtype, v_dtype, out_dtype;
+    int n_seqs, max_pages, page_size;
+    int page_shift;            // log2(page_size) when it is a power of two, else -1
+    int nq, nkv, group, dk, dv, dk_pad, dv_pad;
+    float scale_log2;          // softmax_scale · log2(e): scores are kept in log2 units
+    int window, causal, n_split;
+    int tile_rows;             // query rows per block: 16 or kRows
+    bool k_vec, v_vec;         // bf16 rows that may be copied with 16-byte cp.async
+    bool q_vec;                // bf16 q rows that may be loaded 16 bytes at a time
+    bool early_kv;             // load the keys before the batch's own tokens before pdl_wait
+};
+
+// Launches attention_prefill_kernel for `a` (n_split = 1, bf16 q / caches / out with 16-byte
+// rows; blocks of kPrefillRows query rows) when the head dims have an instance;
+// XINFER_UNSUPPORTED otherwise (the caller then takes the split-KV kernel).
+constexpr int kPrefillRows = 192;
+int attention_prefill(Context* c, const DecodeArgs& a);
+
+namespace {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_addr(p)));
+}
+// d[16×8] += a[16×8] · b[8×8], bf16 inputs, f32 accumulators (the 8-key steps' P·V).
+__device__ __forceinline__ void mma_bf16_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b));
+}
+// d[16×8] += a[16×16] · b[16×8], bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 2^x in one MUFU.EX2 (flush-to-zero): exp2f adds a range check and two multiplies per call to
+// get subnormal results right, a third of a prefill tile's softmax instructions (ncu, H200); a
+// probability below 2^-126 next to a row maximum of 1 changes no sum.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Fills one bf16 shared row [pad] of a tile: `src` ≥ 0 is the cache element offset of the row,
+// kZero zero-fills, kNaN fills the first `len` elements with NaN (a needed key on a missing page).
+constexpr int64_t kZero = -1, kNaN = -2;
+// (Any cache dtype, any dims; the fixed-dims bf16 kernels use copy_row_part.)
+__device__ __forceinline__ void fill_row_part(__nv_bfloat16* dst, const void* cache, int dtype, int64_t src, int len,
+                                              int pad, bool vec, int part /*0..3*/) {
+    const auto chunk = [&](int c) {
+        __nv_bfloat16* d8 = dst + c * 8;
+        if (src >= 0 && vec && c * 8 + 8 <= len) {
+            cp_async16(d8, static_cast<const __nv_bfloat16*>(cache) + src + c * 8);
+            return;
+        }
+        __nv_bfloat16 v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int d = c * 8 + e;
+            float x = 0.f;
+            if (d < len) {
+                if (src >= 0) x = load_f(cache, dtype, src + d);
+                else if (src == kNaN) x = __int_as_float(0x7fc00000);
+            }
+            v[e] = __float2bfloat16_rn(x);
+        }
+        *reinterpret_cast<uint4*>(d8) = *reinterpret_cast<const uint4*>(v);
+    };
+    for (int c = part; c * 8 < pad; c += 4) chunk(c);
+}
+
+// The bf16, fixed-dims version of fill_row_part: 16-byte chunks part, part + 4, ... of a kLen row,
+// copied with cp.async from element `src` of `cache`, or filled (kZero: zeros, kNaN: NaN). One
+// branch per row: fill_row_part's per-chunk test compiled to a predicated copy-or-convert sequence
+// for every chunk, ~150 instructions per warp and tile of the prefill kernel (ncu, H200).
+template <int kLen>
+__device__ __forceinline__ void copy_row_part(__nv_bfloat16* dst, const __nv_bfloat16* cache, int64_t src, int part) {
+    static_assert(kLen % 32 == 0, "each of a row's 4 threads takes whole 16-byte chunks");
+    dst += part * 8;
+    if (src >= 0) {
+        const __nv_bfloat16* from = cache + src + part * 8;
+#pragma unroll
+        for (int c = 0; c < kLen / 32; ++c) cp_async16(dst + c * 32, from + c * 32);
+    } else {
+        const uint32_t fill = src == kNaN ? 0x7fc07fc0u : 0u;  // bf16 NaN pairs
+#pragma unroll
+        for (int c = 0; c < kLen / 32; ++c) *reinterpret_cast<uint4*>(dst + c * 32) = make_uint4(fill, fill, fill, fill);
+    }
+}
+
+}  // namespace
+}  // namespace xcuda
