@@ -157,22 +157,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     const int g = blockIdx.y, split = blockIdx.z, G = a.group;
 
     // Which sequence and which 64 of its rows this block owns (same answer in every thread).
-    const RowTile tile = find_row_tile(a.cu_q_lens, a.n_seqs, G, kBQ, blockIdx.x);
-    const int s = tile.seq, qlen = tile.q_len;
-    const int64_t row0 = tile.row0;
-    if (s < 0) return;
-    const int rows = int(min(int64_t(kBQ), int64_t(qlen) * G - row0));
-    const int tok_first = int(row0 / G);
-    const int ntok = int((row0 + rows - 1) / G) - tok_first + 1;
-    const int token_base = a.cu_q_lens[s] + tok_first;  // global index of the tile's first token
-    const int kv_len = a.kv_lens[s];
-
-    for (int i = tid; i < ntok; i += kThreads) {
-        int lo, hi;
-        attention_key_range(a.positions[token_base + i], kv_len, a.causal, a.window, lo, hi);
-        tok_lo[i] = lo;
-        tok_hi[i] = hi;
-    }
+    const BlockRows b = block_rows(find_row_tile(a.cu_q_lens, a.n_seqs, G, kBQ, blockIdx.x), kBQ, G, a.cu_q_lens, a.kv_lens);
+    if (b.seq < 0) return;
+    const int s = b.seq, rows = b.rows, tok_first = b.tok_first, ntok = b.ntok;
+    const int token_base = b.token_base;  // the tile's first token in the batch
+    const int64_t row0 = b.row0;
+    store_token_ranges(b, a.positions, a.causal, a.window, kThreads, tok_lo, tok_hi);
     // Q rows as bf16, zero-padded to dk_pad; rows past `rows` are zero.
     for (int r = warp; r < kBQ; r += kThreads / 32) {
         __nv_bfloat16* dst = Qs + r * L.ldq;
@@ -194,12 +184,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     }
     __syncthreads();
     if (tid == 0) {
-        int lo = INT_MAX, hi = -1;
-        for (int i = 0; i < ntok; ++i)
-            if (tok_lo[i] <= tok_hi[i]) {
-                lo = min(lo, tok_lo[i]);
-                hi = max(hi, tok_hi[i]);
-            }
+        int lo, hi;
+        key_union(tok_lo, tok_hi, ntok, lo, hi);
         if (a.n_split > 1 && lo <= hi) {
             const int len = hi - lo + 1;
             const int chunk = ((len + a.n_split - 1) / a.n_split + kBKeys - 1) / kBKeys * kBKeys;

@@ -2,6 +2,7 @@
 // agree with the CPU reference (src/backend/cpu/attention.cpp) by construction.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 namespace xcuda {
@@ -25,7 +26,7 @@ struct AttnArgs {
     int nq, nkv, group, dk, dv, dk_pad, dv_pad;
     float scale;
     int window, causal, n_split;
-    bool k_vec, v_vec;         // bf16 cache rows may use 16-byte loads, fp8 rows 8-byte loads
+    bool k_vec, v_vec;         // bf16 cache rows may use 16-byte loads (fp8 rows: 8-byte loads)
 };
 
 
@@ -87,6 +88,52 @@ __device__ __forceinline__ RowTile find_row_tile(const int32_t* cu_q_lens, int n
         first += __shfl_sync(0xffffffffu, end, 31);
     }
     return t;
+}
+
+// A block's share of the query rows once find_row_tile has named its tile: rows row0 .. row0 +
+// rows - 1 of sequence seq (seq = -1: no tile, the block exits), i.e. its tokens tok_first ..
+// tok_first + ntok - 1 (token_base: the first one's index in the batch), and the sequence's q_len
+// and kv_len.
+struct BlockRows {
+    int seq = -1, rows = 0, tok_first = 0, ntok = 0, token_base = 0, q_len = 0, kv_len = 0;
+    int64_t row0 = 0;
+};
+__device__ __forceinline__ BlockRows block_rows(const RowTile& tile, int tile_rows, int group, const int32_t* cu_q_lens,
+                                                const int32_t* kv_lens) {
+    BlockRows b;
+    if (tile.seq < 0) return b;
+    b.seq = tile.seq;
+    b.row0 = tile.row0;
+    b.rows = int(min(int64_t(tile_rows), int64_t(tile.q_len) * group - tile.row0));
+    b.tok_first = int(tile.row0 / group);
+    b.ntok = int((tile.row0 + b.rows - 1) / group) - b.tok_first + 1;
+    b.token_base = cu_q_lens[b.seq] + b.tok_first;
+    b.q_len = tile.q_len;
+    b.kv_len = kv_lens[b.seq];
+    return b;
+}
+
+// Each of the block's tokens' visible keys into tok_lo / tok_hi [ntok], the block's `threads`
+// threads in turn (the caller synchronises before reading them).
+__device__ __forceinline__ void store_token_ranges(const BlockRows& b, const int32_t* positions, int causal, int window,
+                                                   int threads, int* tok_lo, int* tok_hi) {
+    for (int i = threadIdx.x; i < b.ntok; i += threads) {
+        int lo, hi;
+        attention_key_range(positions[b.token_base + i], b.kv_len, causal, window, lo, hi);
+        tok_lo[i] = lo;
+        tok_hi[i] = hi;
+    }
+}
+
+// The union of the tokens' key ranges, [key_lo, key_hi] (key_lo > key_hi when no token sees a key).
+__device__ __forceinline__ void key_union(const int* tok_lo, const int* tok_hi, int ntok, int& key_lo, int& key_hi) {
+    key_lo = INT_MAX;
+    key_hi = -1;
+    for (int i = 0; i < ntok; ++i)
+        if (tok_lo[i] <= tok_hi[i]) {
+            key_lo = min(key_lo, tok_lo[i]);
+            key_hi = max(key_hi, tok_hi[i]);
+        }
 }
 
 }  // namespace xcuda

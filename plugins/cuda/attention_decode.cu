@@ -129,32 +129,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
     // blocks past the last row tile exit: the grid is sized by an upper bound).
     // Last row tiles first: in a causal prefill they see the most keys, so the long blocks start
     // in the first wave and the short ones fill the tail.
-    const RowTile tile = find_row_tile(a.cu_q_lens, a.n_seqs, G, a.tile_rows, gridDim.x - 1 - blockIdx.x);
-    const int s = tile.seq, qlen = tile.q_len;
-    const int64_t row0 = tile.row0;
-    if (s < 0) return;
-    const int rows = int(min(int64_t(a.tile_rows), int64_t(qlen) * G - row0));
-    const int tok_first = int(row0 / G);
-    const int ntok = int((row0 + rows - 1) / G) - tok_first + 1;
-    const int token_base = a.cu_q_lens[s] + tok_first;  // global index of the block's first token
-    const int kv_len = a.kv_lens[s];
-
-    for (int i = tid; i < ntok; i += kThreads) {
-        int lo, hi;
-        attention_key_range(a.positions[token_base + i], kv_len, a.causal, a.window, lo, hi);
-        tok_lo[i] = lo;
-        tok_hi[i] = hi;
-    }
+    const BlockRows b = block_rows(find_row_tile(a.cu_q_lens, a.n_seqs, G, a.tile_rows, gridDim.x - 1 - blockIdx.x),
+                                   a.tile_rows, G, a.cu_q_lens, a.kv_lens);
+    if (b.seq < 0) return;
+    const int s = b.seq, qlen = b.q_len, rows = b.rows, tok_first = b.tok_first, ntok = b.ntok;
+    const int token_base = b.token_base, kv_len = b.kv_len;  // token_base: the block's first token in the batch
+    const int64_t row0 = b.row0;
+    store_token_ranges(b, a.positions, a.causal, a.window, kThreads, tok_lo, tok_hi);
     __syncthreads();
 
     // The block's key range: the union of its tokens' ranges, then this split's chunk of it
     // (whole 64-key tiles, so splits never share a tile).
-    int key_lo = INT_MAX, key_hi = -1;
-    for (int i = 0; i < ntok; ++i)
-        if (tok_lo[i] <= tok_hi[i]) {
-            key_lo = min(key_lo, tok_lo[i]);
-            key_hi = max(key_hi, tok_hi[i]);
-        }
+    int key_lo, key_hi;
+    key_union(tok_lo, tok_hi, ntok, key_lo, key_hi);
     if (key_lo <= key_hi && a.n_split > 1) {
         const int len = key_hi - key_lo + 1;
         const int chunk = ((len + a.n_split - 1) / a.n_split + kTileKeys - 1) / kTileKeys * kTileKeys;
@@ -730,6 +717,7 @@ int attention_decode(Context* c, const xinfer_op* op) {
     a.dv = dv;
     a.dk_pad = dk_pad;
     a.dv_pad = dv_pad;
+    a.scale = ap.softmax_scale;
     a.scale_log2 = ap.softmax_scale * kLog2e;
     a.window = ap.window;
     a.causal = ap.causal;
@@ -741,12 +729,6 @@ int attention_decode(Context* c, const xinfer_op* op) {
     a.q_vec = vec_ok(q, dk, 0);
     a.early_kv = early_reads();
 
-    // Rows per block: 64, or 16 when 64-row blocks would give fewer than 64 (row tile, KV head)
-    // blocks (verification at batch 1: 8 tokens × 8 heads of a sliding layer were one block per KV
-    // head, each warp walking every key of the split for its 16 rows; with 16-row tiles the block's
-    // four warps share each key tile, as in decode). Decode rows (G ≤ 16) fit one tile either way,
-    // and take 16-row tiles whenever the batch is decode-shaped (T·G ≤ 16 per sequence) so that
-    // they run on the 8-warp instance.
     // bf16 q, caches and out with 16-byte rows (out 8-byte aligned: the fixed-dims instances store
     // 4 bf16 columns at once) take the bf16 instances.
     const bool bf16 = a.q_vec && a.k_vec && a.v_vec && out.dtype == XINFER_DTYPE_BF16 && pointer_alignment(out.data) >= 8 &&
@@ -756,9 +738,21 @@ int attention_decode(Context* c, const xinfer_op* op) {
         if (int rc = attention_prefill(c, a); rc != XINFER_UNSUPPORTED) return rc;
     }
 
+    // Keys a block may walk, at most (host-known bounds only).
+    int64_t key_span = int64_t(b.max_pages_per_seq) * b.page_size;
+    if (ap.window > 0) key_span = std::min<int64_t>(key_span, (ap.causal ? 1 : 2) * int64_t(ap.window) + kRows);
+    // Rows per block: 64, or 16 when 64-row blocks would give fewer than 64 (row tile, KV head)
+    // blocks over short key ranges (verification at batch 1 of a sliding layer: 8 tokens × 8 heads
+    // were one block per KV head, each warp walking every key of the split for its 16 rows; with
+    // 16-row tiles the block's four warps share each key tile, as in decode). Over long ranges
+    // 64-row tiles win, each key tile serving 4 tokens instead of 1: MiMo's 8-token verify on H200,
+    // full layer over 4K keys 35.1 → 23.8 µs, while the sliding layer went 11.1 → 17.3 µs.
+    // Decode rows (G ≤ 16) fit one tile either way, and take 16-row tiles whenever the batch is
+    // decode-shaped (T·G ≤ 16 per sequence) so that they run on the 8-warp instance.
     const int64_t blocks_of_64 = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, kRows)) * nkv;
     const bool wide = wide_decode_enabled();
-    a.tile_rows = blocks_of_64 < 64 || (wide && T * a.group <= 16 * int64_t(b.n_seqs)) ? 16 : kRows;
+    constexpr int64_t kLongKeySpan = 1024;
+    a.tile_rows = (blocks_of_64 < 64 && key_span < kLongKeySpan) || (wide && T * a.group <= 16 * int64_t(b.n_seqs)) ? 16 : kRows;
     const int warps = wide && a.tile_rows == 16 ? 8 : 4;
     const DecodeSmem L = decode_smem(dk_pad, dv_pad, warps);
     if (size_t(L.total) > c->smem_optin) return XINFER_UNSUPPORTED;
@@ -779,8 +773,6 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // no combine; 4K keys in 33 splits) gave 76.8 / 76.7% of copy bandwidth against 76.2 / 76.4%
     // for one tile and 76.4 / 76.3% for four (session 12).
     const int64_t min_split_tiles = est_blocks < 64 ? small_grid_split_tiles() : 4;
-    int64_t key_span = int64_t(b.max_pages_per_seq) * b.page_size;
-    if (ap.window > 0) key_span = std::min<int64_t>(key_span, (ap.causal ? 1 : 2) * int64_t(ap.window) + kRows);
     const int64_t target = 4 * int64_t(c->sm_count);
     const int n_split = int(std::clamp<int64_t>(
         std::min({ceil_div(target, std::max<int64_t>(est_blocks, 1)), ceil_div(key_span, min_split_tiles * kTileKeys),

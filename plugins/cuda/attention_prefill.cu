@@ -83,28 +83,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeAr
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tid4 = lane % 4;
     const int g = blockIdx.y, G = a.group;
     // Last row tiles first: in a causal prefill they see the most keys (split-KV kernel's order).
-    const RowTile tile = find_row_tile(a.cu_q_lens, a.n_seqs, G, kRows, gridDim.x - 1 - blockIdx.x);
-    if (tile.seq < 0) return;
-    const int s = tile.seq;
-    const int64_t row0 = tile.row0;
-    const int rows = int(min(int64_t(kRows), int64_t(tile.q_len) * G - row0));
-    const int tok_first = int(row0 / G);
-    const int ntok = int((row0 + rows - 1) / G) - tok_first + 1;
-    const int token_base = a.cu_q_lens[s] + tok_first;
-    const int kv_len = a.kv_lens[s];
-    for (int i = tid; i < ntok; i += kThreads) {
-        int lo, hi;
-        attention_key_range(a.positions[token_base + i], kv_len, a.causal, a.window, lo, hi);
-        tok_lo[i] = lo;
-        tok_hi[i] = hi;
-    }
+    const BlockRows b = block_rows(find_row_tile(a.cu_q_lens, a.n_seqs, G, kRows, gridDim.x - 1 - blockIdx.x), kRows,
+                                   G, a.cu_q_lens, a.kv_lens);
+    if (b.seq < 0) return;
+    const int s = b.seq, rows = b.rows, tok_first = b.tok_first, ntok = b.ntok, token_base = b.token_base;
+    const int64_t row0 = b.row0;
+    store_token_ranges(b, a.positions, a.causal, a.window, kThreads, tok_lo, tok_hi);
     __syncthreads();
-    int key_lo = INT_MAX, key_hi = -1;
-    for (int i = 0; i < ntok; ++i)
-        if (tok_lo[i] <= tok_hi[i]) {
-            key_lo = min(key_lo, tok_lo[i]);
-            key_hi = max(key_hi, tok_hi[i]);
-        }
+    int key_lo, key_hi;
+    key_union(tok_lo, tok_hi, ntok, key_lo, key_hi);
     const int n_tiles = key_lo <= key_hi ? (key_hi - key_lo + kKeys) / kKeys : 0;
     // Whether the tokens' ranges, in token order, form one interval (consecutive positions do):
     // then every key of [key_lo, key_hi] is needed, and the loader skips the per-token search.

@@ -4,6 +4,7 @@
 // filler that converts non-bf16 caches and marks missing pages).
 #pragma once
 
+#include "attention_common.cuh"
 #include "common.h"
 #include "device_utils.cuh"
 
@@ -13,29 +14,14 @@ namespace xcuda {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-struct DecodeArgs {
-    const void* q;             // [T, nq, dk]
-    const void* k_cache;       // pages of [page_size, nkv, dk], k_page_stride elements apart
-    const void* v_cache;       // pages of [page_size, nkv, dv], v_page_stride elements apart
-    const float* sinks;        // [nq] or null
-    void* out;                 // [T, nq, dv]
-    float* part_o;             // [n_split, T·nq, dv] (n_split > 1)
-    float* part_ml;            // [n_split, T·nq, 2]  (n_split > 1): max (log2 units), denominator
-    const int32_t* cu_q_lens;  // [n_seqs + 1]
-    const int32_t* kv_lens;    // [n_seqs]
-    const int32_t* positions;  // [T]
-    const int32_t* page_table; // [n_seqs, max_pages]
-    int64_t k_page_stride, v_page_stride, T;  // elements
-    int q_dtype, k_dtype, v_dtype, out_dtype;
-    int n_seqs, max_pages, page_size;
-    int page_shift;            // log2(page_size) when it is a power of two, else -1
-    int nq, nkv, group, dk, dv, dk_pad, dv_pad;
-    float scale_log2;          // softmax_scale · log2(e): scores are kept in log2 units
-    int window, causal, n_split;
-    int tile_rows;             // query rows per block: 16 or kRows
-    bool k_vec, v_vec;         // bf16 rows that may be copied with 16-byte cp.async
-    bool q_vec;                // bf16 q rows that may be loaded 16 bytes at a time
-    bool early_kv;             // load the keys before the batch's own tokens before pdl_wait
+// The op as the split-KV and prefill kernels read it: the flash kernel's arguments plus what
+// their bf16 fast paths and launch plans need.
+struct DecodeArgs : AttnArgs {
+    int page_shift;    // log2(page_size) when it is a power of two, else -1
+    float scale_log2;  // softmax_scale · log2(e): scores are kept in log2 units
+    int tile_rows;     // query rows per split-KV block: 16 or 64
+    bool q_vec;        // bf16 q rows that may be loaded 16 bytes at a time
+    bool early_kv;     // load the keys before the batch's own tokens before pdl_wait
 };
 
 // Launches attention_prefill_kernel for `a` (n_split = 1, bf16 q / caches / out with 16-byte

@@ -948,6 +948,8 @@ std::vector<OpCase> perf_cases() {
                .window = 128, .sinks = true});
     attention({.label = "GA verify 8 over 4K", .q_lens = {8}, .kv_lens = {4096}, .n_q = 64, .n_kv = 4, .dk = 192,
                .dv = 128});
+    attention({.label = "SWA verify 8 over 4K", .q_lens = {8}, .kv_lens = {4096}, .n_q = 64, .n_kv = 8, .dk = 192,
+               .dv = 128, .window = 128, .sinks = true});
     // Serving decode steps at concurrency 8, 32, 64 (512-token prompts, ~640 keys each).
     for (int n : {8, 32, 64}) {
         const std::vector<int> ones(n, 1), serving_kv(n, 640);
