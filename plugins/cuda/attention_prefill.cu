@@ -1,43 +1,42 @@
-// Prefill ATTENTION: FlashAttention-2's layout on mma.sync for long query tiles (bf16 q, caches
-// and out with 16-byte rows; MiMo's 192/128 and Qwen3's 128/128 head dims).
+// Prefill ATTENTION on Hopper warpgroup MMAs (wgmma) for long query tiles (bf16 q, caches and
+// out with 16-byte rows; MiMo's 192/128 and Qwen3's 128/128 head dims).
 //
 // Why not the split-KV kernel (attention_decode.cu). That kernel is built around short query
 // tiles: 64 rows per block, each warp reloading its Q fragments from shared memory for every 16
 // keys and running the online softmax (row max, shuffles, O rescale) per 16 keys. On a causal
 // prefill (H200, MiMo full layer, 4,096 tokens) it reached 19% of the bf16 matmul rate; this
-// kernel 39% (docs/perf/2026-12-01-h200-session15.md). Here:
-//   - a block owns kPrefillRows = 192 query rows (12 warps × 16; rows token-major as everywhere:
-//     row = token·G + head) of one sequence and one KV head, so each K/V tile read from L2
-//     serves 3× the rows;
-//   - each warp takes a whole 64-key tile per step: S[16, 64] = Q·Kᵀ in 8 independent
-//     accumulator chains, one online-softmax update per 64 keys (the running max allowed to lag
-//     by up to 2^8, so most tiles skip the O rescale), then O += P·V with P taken from the S
-//     accumulators as the A operand;
-//   - K/V tiles of 64 keys go global → shared with 16-byte cp.async through a ring of 3 tiles
-//     (one __syncthreads per tile), page numbers read a tile ahead of their copies, each loader
-//     thread one branch per row (copy, zeros or NaN) rather than per 16-byte chunk;
-//   - the per-score mask runs only on tiles that cut some row's range (a causal diagonal, a
-//     window's edges);
+// kernel 58% (docs/perf/2026-12-01-h200-session15.md). Here:
+//   - a block owns kPrefillRows = 192 query rows (3 warpgroups × 64; rows token-major as
+//     everywhere: row = token·G + head) of one sequence and one KV head;
+//   - per 64-key tile, each warpgroup computes S[64, 64] = Q·Kᵀ with Q and K read by wgmma from
+//     shared memory, runs one online-softmax update on the accumulators (the running max allowed
+//     to lag by up to 2^8, so most tiles skip the O rescale; the per-score mask only on tiles that
+//     cut some row's range), then O[64, dv] += P·V with P from registers (the S accumulators
+//     rounded to bf16: wgmma's accumulator layout is its A-fragment layout) and V from shared
+//     memory, O in registers;
+//   - K/V tiles of 64 keys go global → shared with 16-byte cp.async into 128-byte-swizzled
+//     layouts (wgmma.cuh) through a ring of 3 tiles (one __syncthreads per tile), page numbers
+//     read a tile ahead of their copies, each loader thread one branch per row (copy, zeros or
+//     NaN);
 //   - no key splits (a prefill has blocks enough) and no cross-warp merge: each warp writes its
-//     rows' outputs straight from registers.
-// What bounds it now (ncu): shared-memory reads — every warp reads the whole K and V tile through
-// ldmatrix for its 16 rows (~70% of the L1/shared bandwidth, HMMA waiting on ldmatrix results).
-// Sharing each K/V read among more rows needs warpgroup MMAs (wgmma reads B from shared memory
-// once for 64 rows), the next step toward 50%.
+//     16 rows' outputs straight from registers.
+// The mma.sync version (each warp 16 rows, K and V through ldmatrix) reached 39.5%: every warp read
+// the whole K and V tile for its 16 rows, ~70% of the shared-memory bandwidth; wgmma reads them
+// once per 64 rows.
 // Masking, sinks, missing pages (a needed key on page -1 reads as NaN, unneeded keys are never
 // read) and the row → (token, head) mapping are the split-KV kernel's, and with it the CPU
 // reference's (attention_common.cuh). The launcher takes a batch only where this kernel applies
 // (attention_decode decides; XINFER_CUDA_ATTN_PREFILL in plugins/cuda/README.md).
 #include "attention_common.cuh"
 #include "attention_tiles.cuh"
+#include "wgmma.cuh"
 
 namespace xcuda {
 namespace {
 
-// kPrefillRows = 192 query rows: 12 warps of 16. H200, MiMo full layer, 4,096-token causal prefill: 8 warps with Q in
-// registers 1.37 ms (227 registers; ncu: HMMA waiting on ldmatrix results, 2 warps per
-// scheduler), 8 warps re-reading Q 1.49 ms, 12 warps re-reading Q 1.27 ms (168 registers),
-// 16 warps 1.265 ms (128 registers with spills, 2 ring tiles: not taken).
+// kPrefillRows = 192 query rows: 3 warpgroups of 4 warps × 16 rows. (mma.sync history, H200,
+// MiMo full layer, 4,096-token causal prefill: 8 warps with Q in registers 1.37 ms, 12 warps
+// re-reading Q from shared memory 1.27 ms, 16 warps 1.265 ms with spills; wgmma 0.86 ms.)
 constexpr int kRows = kPrefillRows, kWarps = kRows / 16, kThreads = kWarps * 32;
 constexpr int kKeys = 64;            // keys per shared-memory tile and per warp step
 constexpr int kLoaders = kKeys * 4;  // threads that copy a tile: 4 per key row
@@ -45,34 +44,51 @@ constexpr int kStages = 3;           // K/V tiles in the ring: tile t is used wh
 // The running max moves only when a score passes it by more than this (log2 units); see update_max.
 constexpr float kMaxSlack = 8.f;
 
-// Shared memory (bytes): Q [192][ldk], kStages × (K [64][ldk] +
-// V [64][ldv]) bf16 with rows padded by 8 elements (ldmatrix rows in distinct banks), then the
-// block's per-token key ranges.
+// Shared memory (bytes), tiles in 128-byte-swizzled 64-element chunks (wgmma.cuh), 1,024-byte
+// aligned: Q [3 warpgroups][dk / 64][64 rows][128 B] (K-major), then kStages × (K [dk / 64][64 keys]
+// [128 B] (K-major), V [dv / 64][64 keys][128 B] (N-major)), then the block's per-token key ranges.
+constexpr int kChunkBytes = kKeys * 128;  // one 64-element chunk of a 64-row tile
 struct PrefillSmem {
-    int ldk, ldv, q, ring, k_stage, v_stage, stage, lo, hi, total;
+    int q, ring, k_stage, v_stage, stage, lo, hi, total;
 };
 constexpr PrefillSmem prefill_smem(int dk, int dv) {
     PrefillSmem L{};
-    L.ldk = dk + 8;
-    L.ldv = dv + 8;
     L.q = 0;
-    L.ring = kRows * L.ldk * 2;
+    L.ring = kRows * dk * 2;
     L.k_stage = 0;
-    L.v_stage = kKeys * L.ldk * 2;
-    L.stage = L.v_stage + kKeys * L.ldv * 2;
+    L.v_stage = kKeys * dk * 2;
+    L.stage = L.v_stage + kKeys * dv * 2;
     L.lo = L.ring + kStages * L.stage;
     L.hi = L.lo + kRows * 4;
-    L.total = L.hi + kRows * 4;
+    L.total = L.hi + kRows * 4 + 1024;  // (slack to align the base)
     return L;
+}
+
+// copy_row_part (attention_tiles.cuh) into a 128-byte-swizzled tile (wgmma.cuh): 16-byte unit u
+// of key row `row` goes to chunk u / 8, unit (u % 8) ^ (row % 8) of the row.
+template <int kLen>
+__device__ __forceinline__ void copy_row_swizzled(unsigned char* tile, int row, const __nv_bfloat16* cache, int64_t src,
+                                                  int part) {
+    static_assert(kLen % 32 == 0, "each of a row's 4 threads takes whole 16-byte chunks");
+    const auto dst = [&](int u) { return tile + (u / 8) * kChunkBytes + swizzle_offset(row, u % 8); };
+    if (src >= 0) {
+#pragma unroll
+        for (int u = part; u < kLen / 8; u += 4) cp_async16(dst(u), cache + src + u * 8);
+    } else {
+        const uint32_t fill = src == kNaN ? 0x7fc07fc0u : 0u;  // bf16 NaN pairs
+#pragma unroll
+        for (int u = part; u < kLen / 8; u += 4) *reinterpret_cast<uint4*>(dst(u)) = make_uint4(fill, fill, fill, fill);
+    }
 }
 
 template <int kDk, int kDv>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeArgs a) {
-    static_assert(kDk % 16 == 0 && kDv % 16 == 0 && kDk <= 256 && kDv <= 128);
+    static_assert(kDk % 64 == 0 && kDk <= 256 && kDv == 128, "wgmma shapes: S m64n64k16, O m64n128k16");
     constexpr PrefillSmem L = prefill_smem(kDk, kDv);
-    constexpr int kDkSteps = kDk / 16, kDvSteps = kDv / 16;
-    extern __shared__ __align__(128) unsigned char smem[];
-    auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
+    constexpr int kDkSteps = kDk / 16;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    // (the swizzle atoms need 1,024-byte alignment)
+    unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     auto* tok_lo = reinterpret_cast<int*>(smem + L.lo);
     auto* tok_hi = reinterpret_cast<int*>(smem + L.hi);
     // A prefill reads what the op before it (KV_STORE) wrote from the first key on; nothing is
@@ -128,10 +144,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeAr
             vs = int64_t(page) * a.v_page_stride + slot_row * kDv;
         }
         unsigned char* tile = smem + L.ring + stage * L.stage;
-        copy_row_part<kDk>(reinterpret_cast<__nv_bfloat16*>(tile + L.k_stage) + kk_load * L.ldk,
-                           static_cast<const __nv_bfloat16*>(a.k_cache), ks, tid % 4);
-        copy_row_part<kDv>(reinterpret_cast<__nv_bfloat16*>(tile + L.v_stage) + kk_load * L.ldv,
-                           static_cast<const __nv_bfloat16*>(a.v_cache), vs, tid % 4);
+        copy_row_swizzled<kDk>(tile + L.k_stage, kk_load, static_cast<const __nv_bfloat16*>(a.k_cache), ks, tid % 4);
+        copy_row_swizzled<kDv>(tile + L.v_stage, kk_load, static_cast<const __nv_bfloat16*>(a.v_cache), vs, tid % 4);
     };
 
     // Q rows (zero past `rows`) in the first group with tile 0; tiles 0 .. kStages - 2 in flight.
@@ -139,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeAr
         constexpr int kChunks = kDk / 8;  // 16-byte chunks per row
         for (int i = tid; i < kRows * kChunks; i += kThreads) {
             const int r = i / kChunks, c = i % kChunks;
-            __nv_bfloat16* dst = Qs + r * L.ldk + c * 8;
+            unsigned char* dst = smem + L.q + ((r / 64) * (kDk / 64) + c / 8) * kChunkBytes + swizzle_offset(r % 64, c % 8);
             if (r < rows) {
                 const int flat = int(row0) + r;
                 const int64_t t = token_base + (flat / G - tok_first);
@@ -171,38 +185,36 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeAr
         }
     }
 
-    // The warp's Q fragments are re-read from shared memory for every tile (one ldmatrix per
-    // k-step, shared by the tile's 8 n-tiles): registers go to more warps instead (see kWarps).
     cp_async_wait<kStages - 2>();
+    fence_proxy_async();  // (this thread's shared-memory writes, for wgmma)
     __syncthreads();
-    const __nv_bfloat16* q_frag = Qs + (warp * 16 + lane % 16) * L.ldk + (lane / 16) * 8;
 
     float o[kDv / 8][4];
 #pragma unroll
     for (int j = 0; j < kDv / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     const float scale = a.scale_log2;  // > 0 (the launcher's condition): max(s)·scale = max(s·scale)
-    const auto k_tile = [&](int st) { return reinterpret_cast<const __nv_bfloat16*>(smem + L.ring + st * L.stage + L.k_stage); };
-    const auto v_tile = [&](int st) { return reinterpret_cast<const __nv_bfloat16*>(smem + L.ring + st * L.stage + L.v_stage); };
+    const auto k_tile = [&](int st) { return smem_addr(smem + L.ring + st * L.stage + L.k_stage); };
+    const auto v_tile = [&](int st) { return smem_addr(smem + L.ring + st * L.stage + L.v_stage); };
     const auto next_stage = [](int st) { return st + 1 == kStages ? 0 : st + 1; };
 
-    // S[16 rows, 64 keys] = Q · Kᵀ: n-tile n holds keys kb + 8n .. kb + 8n + 7.
+    // S[64 rows, 64 keys] = Q · Kᵀ of the warpgroup; this thread's part is the warp's 16 rows in
+    // the mma.sync layout: n-tile n holds keys kb + 8n .. kb + 8n + 7. k-step kk: 64-element chunk
+    // kk / 4, 32 bytes per step inside it (K-major, SBO = one 8-row atom).
     using Scores = float[kKeys / 8][4];
-    const auto scores = [&](const __nv_bfloat16* Ks, Scores& sc) {
+    const uint32_t q_base = smem_addr(smem + L.q) + (warp / 4) * (kDk / 64) * kChunkBytes;
+    const auto scores = [&](uint32_t k_base, Scores& sc) {
 #pragma unroll
         for (int n = 0; n < kKeys / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kDkSteps; ++kk) {
-            uint32_t qa[4];
-            ldmatrix_x4(qa, q_frag + kk * 16);
-#pragma unroll
-            for (int n2 = 0; n2 < kKeys / 16; ++n2) {
-                uint32_t kf[4];
-                ldmatrix_x4(kf, Ks + (n2 * 16 + (lane / 16) * 8 + lane % 8) * L.ldk + kk * 16 + ((lane / 8) % 2) * 8);
-                mma_bf16(sc[2 * n2], qa, kf[0], kf[1]);
-                mma_bf16(sc[2 * n2 + 1], qa, kf[2], kf[3]);
-            }
+            const uint32_t off = (kk / 4) * kChunkBytes + (kk % 4) * 32;
+            wgmma_m64n64k16_ss(sc, wgmma_desc(q_base + off, 16, 1024), wgmma_desc(k_base + off, 16, 1024), kk > 0);
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_operands(sc);
     };
     // Whether every row of the warp sees every key of tile kb (then no score needs a mask).
     const auto whole_tile = [&](int kb) {
@@ -268,22 +280,25 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeAr
             l_r[h] = l_r[h] * corr[h] + sum;
         }
     };
-    // O[16 rows, dv] += P[16 rows, 64 keys] · V[64 keys, dv], 16 keys per k-step; P from the S
-    // accumulators (an m16n8 accumulator pair is the A fragment of the next mma).
-    const auto accumulate = [&](const __nv_bfloat16* Vs, const Scores& sc) {
+    // O[64 rows, dv] += P[64 rows, 64 keys] · V[64 keys, dv] of the warpgroup, 16 keys per k-step: P
+    // from the S accumulators (an m16n8 accumulator pair is the A fragment of the next MMA), V
+    // N-major (16 keys = two 8-row atoms, SBO, per k-step; 64-element dv chunks LBO apart).
+    const auto accumulate = [&](uint32_t v_base, const Scores& sc) {
+        uint32_t pa[kKeys / 16][4];
 #pragma unroll
         for (int k16 = 0; k16 < kKeys / 16; ++k16) {
-            const uint32_t pa[4] = {pack_bf16(sc[2 * k16][0], sc[2 * k16][1]), pack_bf16(sc[2 * k16][2], sc[2 * k16][3]),
-                                    pack_bf16(sc[2 * k16 + 1][0], sc[2 * k16 + 1][1]),
-                                    pack_bf16(sc[2 * k16 + 1][2], sc[2 * k16 + 1][3])};
-#pragma unroll
-            for (int jj = 0; jj < kDvSteps; ++jj) {
-                uint32_t vb[4];
-                ldmatrix_x4_trans(vb, Vs + (k16 * 16 + ((lane / 8) % 2) * 8 + lane % 8) * L.ldv + jj * 16 + (lane / 16) * 8);
-                mma_bf16(o[2 * jj], pa, vb[0], vb[1]);
-                mma_bf16(o[2 * jj + 1], pa, vb[2], vb[3]);
-            }
+            pa[k16][0] = pack_bf16(sc[2 * k16][0], sc[2 * k16][1]);
+            pa[k16][1] = pack_bf16(sc[2 * k16][2], sc[2 * k16][3]);
+            pa[k16][2] = pack_bf16(sc[2 * k16 + 1][0], sc[2 * k16 + 1][1]);
+            pa[k16][3] = pack_bf16(sc[2 * k16 + 1][2], sc[2 * k16 + 1][3]);
         }
+        wgmma_fence();
+#pragma unroll
+        for (int k16 = 0; k16 < kKeys / 16; ++k16)
+            wgmma_m64n128k16_rs(o, pa[k16], wgmma_desc(v_base + k16 * 2 * 1024, kChunkBytes, 1024));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_operands(o);
     };
     // Refills the stage of tile t - 1 with tile t + kStages - 1 (after the barrier that frees it).
     int refill = kStages - 1;
@@ -300,15 +315,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeAr
     for (int t = 0; t < n_tiles; ++t) {
         if (t > 0) {
             cp_async_wait<kStages - 2>();  // tile t has landed (this thread's copies) ...
+            fence_proxy_async();
             __syncthreads();               // ... everyone's, and tile t - 1's stage is free
         }
         refill_ring(t);
         const int kb = key_lo + t * kKeys, st = stage;
         stage = next_stage(stage);
-        bool any = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) any |= lo_r[h] <= hi_r[h] && lo_r[h] <= kb + kKeys - 1 && hi_r[h] >= kb;
-        if (!__any_sync(0xffffffffu, any)) continue;  // a warp whose rows see none of the tile
+        // (Every warp takes every tile: a warpgroup's MMAs need all four warps; rows that see none
+        // of the tile get probabilities 0 from the mask.)
         Scores sc;
         scores(k_tile(st), sc);
         if (!whole_tile(kb)) mask(sc, kb);
