@@ -12,6 +12,8 @@
 //     staged kernel would issue).
 // H200 (2026-11-30): memcpy 3.94 TB/s; stream rows 3.96 TB/s; grouped 3.51 TB/s without the hint
 // and 3.97 TB/s with it; row-contiguous 3.91 TB/s.
+#include "weight_stream.cuh"
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,18 +27,10 @@ constexpr int kCopies = 8;
 
 __device__ uint32_t g_sink;  // keeps the loads live
 
+// The plugin's streaming load (weight_stream.cuh), with or without the .L2::128B hint.
 template <bool kHint>
 __device__ __forceinline__ uint4 load(const char* p) {
-    uint4 v;
-    if constexpr (kHint)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
-    else
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
-    return v;
+    return xcuda::load_stream16<kHint>(p);
 }
 
 // One warp per row, 8 loads of 16 bytes in flight per lane.
