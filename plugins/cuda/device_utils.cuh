@@ -100,6 +100,27 @@ __device__ T block_sum(T v, T* shared) {
     return total;
 }
 
+// Copies n 16-byte vectors from global memory (through L2 only: the source may be the output of
+// the previous PDL grid) to shared memory, block-wide, with kBatch loads in flight per thread before
+// the first store: a plain `for (i = tid; i < n; i += blockDim.x) dst[i] = src[i]` compiles to one
+// load-store round trip to L2 per iteration. The caller synchronizes before reading dst.
+template <int kBatch = 8>
+__device__ __forceinline__ void copy_to_shared(uint4* dst, const uint4* src, int64_t n) {
+    for (int64_t first = threadIdx.x; first < n; first += int64_t(kBatch) * blockDim.x) {
+        uint4 v[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+            const int64_t i = first + int64_t(u) * blockDim.x;
+            if (i < n) v[u] = __ldcg(src + i);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+            const int64_t i = first + int64_t(u) * blockDim.x;
+            if (i < n) dst[i] = v[u];
+        }
+    }
+}
+
 // (value, index) maximum with ties to the lower index; NaN never wins.
 struct ArgBest {
     float value;

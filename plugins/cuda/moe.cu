@@ -571,8 +571,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
     const __nv_bfloat16* hb = h;
     if (h_in_smem) {
         uint4* hs = ring_base + kRing * kDownWarps * 2 * kU * 32;
-        const uint4* hg = reinterpret_cast<const uint4*>(h);
-        for (int64_t i = threadIdx.x; i < int64_t(P) * I / 8; i += blockDim.x) hs[i] = __ldcg(hg + i);
+        copy_to_shared(hs, reinterpret_cast<const uint4*>(h), int64_t(P) * I / 8);
         __syncthreads();
         hb = reinterpret_cast<const __nv_bfloat16*>(hs);
     }
