@@ -628,6 +628,12 @@ int64_t small_grid_split_tiles() {
     return n;
 }
 
+// XINFER_CUDA_ATTN_WINDOW_ONE_BLOCK=0: short key ranges (≤ 3 tiles) of small grids split like long ones (A/B).
+bool window_one_block_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_ATTN_WINDOW_ONE_BLOCK", true);
+    return enabled;
+}
+
 // The most splits a key range is cut into (XINFER_CUDA_ATTN_MAX_SPLITS, 1..kMaxSplits; A/B).
 int64_t max_splits() {
     static const int64_t n = std::clamp<int64_t>(env_int("XINFER_CUDA_ATTN_MAX_SPLITS", 64), 1, kMaxSplits);
@@ -774,7 +780,13 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // blocks and the one-round-trip combine, two tiles (the sliding window's 128 keys in one block,
     // no combine; 4K keys in 33 splits) gave 76.8 / 76.7% of copy bandwidth against 76.2 / 76.4%
     // for one tile and 76.4 / 76.3% for four (session 12).
-    const int64_t min_split_tiles = est_blocks < 64 ? small_grid_split_tiles() : 4;
+    // A key range of at most three tiles (a sliding window of 128 keys over a 64-key tiling) stays
+    // in one block: no partials, no combine. MiMo on H200 (ops-test --perf, batch 1): sliding
+    // decode 7.5 -> 5.5 µs, 8-token sliding verify 11.9 -> 7.1 µs; over 4K keys three-tile splits
+    // lost (decode 14.6 -> 15.7 µs), so longer ranges keep two (XINFER_CUDA_ATTN_WINDOW_ONE_BLOCK=0:
+    // two-tile splits everywhere, A/B).
+    const bool one_block = est_blocks < 64 && key_span <= 3 * kTileKeys && window_one_block_enabled();
+    const int64_t min_split_tiles = one_block ? 3 : est_blocks < 64 ? small_grid_split_tiles() : 4;
     const int64_t target = 4 * int64_t(c->sm_count);
     const int n_split = int(std::clamp<int64_t>(
         std::min({ceil_div(target, std::max<int64_t>(est_blocks, 1)), ceil_div(key_span, min_split_tiles * kTileKeys),

@@ -591,23 +591,21 @@ __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(Stre
     struct Round {  // kFp8MmaU chunks of rows g and g + 8
         uint4 r0[kFp8MmaU], r1[kFp8MmaU];
     };
-    const auto src = [&](int m, int64_t kb) -> const char* {  // load m = (row m / kFp8MmaU, chunk m % kFp8MmaU)
-        const int64_t col = kb + (m % kFp8MmaU) * kChunk + c * 16;
-        return col < K ? (m < kFp8MmaU ? w0 : w1) + col : nullptr;
-    };
     // Weights are constant: the first rounds may be requested before the previous kernel has
     // finished (programmatic dependent launch); x is read only after the wait. kEarly: into the
     // ring itself; else only into L2.
     uint4* ring = fp8_ring + warp * kFp8MmaRing * 2 * kFp8MmaU * 32;
+    const char* const rows[2] = {w0, w1};
+    LaneRounds<2, kFp8MmaU, 1> loads(rows, c, half * kStep, K, 2 * kStep);
     if (active) {
         if constexpr (kEarly) {
-            ring_issue_first<kFp8MmaRing, 2 * kFp8MmaU>(half * kStep, K, 2 * kStep, ring, lane, src);
+            ring_issue_first<kFp8MmaRing>(loads, ring, lane);
         } else {
-            for (int d = 0; d < kFp8MmaRing - 1; ++d)
+            auto ahead = loads;
+            for (int d = 0; d < kFp8MmaRing - 1; ++d, ahead.advance())
 #pragma unroll
                 for (int m = 0; m < 2 * kFp8MmaU; ++m)
-                    if (const char* a = src(m, half * kStep + d * 2 * kStep))
-                        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+                    if (const char* a = ahead.address(m)) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         }
     }
     pdl_begin();
@@ -622,8 +620,7 @@ __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(Stre
         fp8_round_mma<kFp8MmaU, kF16>(r.r0, r.r1, kb, K, c, scale_row, p.block_cols, load_x, acc);
     };
     if (active)
-        stream_rounds_ring<kFp8MmaRing, 2 * kFp8MmaU, Round>(half * kStep, K, 2 * kStep, ring, lane, src, use_round,
-                                                             kEarly);
+        stream_rounds_ring<kFp8MmaRing, Round>(half * kStep, K, 2 * kStep, ring, lane, loads, use_round, kEarly);
     if (half == 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i) partner[tile][i][lane] = acc[i];

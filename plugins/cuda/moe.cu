@@ -402,6 +402,8 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
         const int64_t col = kb + (m % kU) * kChunk + c * kLaneCols;
         return col < H ? rows[m / kU] + col * kBytes : nullptr;
     };
+    using Loads = LaneRounds<4, kU, kBytes>;
+    Loads loads(rows, c, half * kStep, H, 2 * kStep);
     uint4* ring = reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E)) + warp * kRing * 4 * kU * 32;
 
     // kF16 (fp8 with the ring): x [T, H] as f16 rows after the ring, their scales x_inv [T] after
@@ -413,7 +415,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                                               kGateWarps * kRing * 4 * kU * 32);
     float* x_inv = reinterpret_cast<float*>(x_f16 + int64_t(T) * H);
     if constexpr (kF16) {
-        if (active) ring_issue_first<kRing, 4 * kU>(half * kStep, H, 2 * kStep, ring, lane, src);
+        if (active) ring_issue_first<kRing>(loads, ring, lane);
         stage_act_f16(x, T, H, x_f16, x_inv, x_max);
         x = reinterpret_cast<const __nv_bfloat16*>(x_f16);
     }
@@ -476,9 +478,10 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
             }
         };
         if constexpr (kRing > 0) {
+            if (pb > 0) loads = Loads(rows, c, half * kStep, H, 2 * kStep);
             if (active)
-                stream_rounds_ring<kRing, 4 * kU, Round>(half * kStep, H, 2 * kStep, ring, lane, src, use_round,
-                                                         kF16 && pb == 0);
+                stream_rounds_ring<kRing, Round>(half * kStep, H, 2 * kStep, ring, lane, loads, use_round,
+                                                 kF16 && pb == 0);
         } else if (active) {
             stream_rounds<kPipe, Round>(half * kStep, H, 2 * kStep, load_round, use_round);
         }
@@ -553,15 +556,18 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
             return col < u.k_end ? (m < kU ? u.w0 : u.w1) + col * kBytes : nullptr;
         };
     };
+    using Loads = LaneRounds<2, kU, kBytes>;
+    const auto loads_of = [&](const Unit& u) {
+        const char* const rows[2] = {u.w0, u.w1};
+        return Loads(rows, c, u.k_begin, u.k_end, kRound);
+    };
     uint4* ring = ring_base + warp * kRing * 2 * kU * 32;
     // The weights are constant and the plan is complete (the router finished before gate_up passed
     // its wait): the warp's first unit starts streaming before this grid waits for h.
     const bool early = kRing > 0 && warp < nd * k_parts;
+    Loads loads = loads_of(unit_at(min(warp, max(nd * k_parts - 1, 0))));
     if constexpr (kRing > 0)
-        if (early) {
-            const Unit u = unit_at(warp);
-            ring_issue_first<kRing, 2 * kU>(u.k_begin, u.k_end, kRound, ring, lane, src_of(u));
-        }
+        if (early) ring_issue_first<kRing>(loads, ring, lane);
     pdl_begin();  // h comes from the gate_up kernel
     // h_in_smem: the block copies h [P, I] into shared memory once (after the ring), so the
     // activation fragments are shared-memory reads instead of an L2 round trip per chunk. (Staged
@@ -642,8 +648,9 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                 }
             };
             if constexpr (kRing > 0) {
-                stream_rounds_ring<kRing, 2 * kU, Round>(u.k_begin, u.k_end, kRound, ring, lane, src, use_round,
-                                                         early && unit == warp && pb == 0);
+                const bool first_issued = early && unit == warp && pb == 0;
+                if (!first_issued) loads = loads_of(u);
+                stream_rounds_ring<kRing, Round>(u.k_begin, u.k_end, kRound, ring, lane, loads, use_round, first_issued);
             } else {
                 stream_rounds<kPipe, Round>(u.k_begin, u.k_end, kRound, load_round, use_round);
             }

@@ -267,7 +267,7 @@ __device__ __forceinline__ void stream_rounds(int64_t begin, int64_t end, int64_
 // that a lane's read-back is conflict-free, and the lane reads back only what it copied itself (no
 // barrier). kRing - 1 rounds stay in flight per warp without holding registers: the register
 // paths above keep at most two rounds, and their warps sat on long-scoreboard stalls at a quarter
-// occupancy (ncu, FP8 experts, session 6). src(m, kb) is load m's address, or null (zero).
+// occupancy (ncu, FP8 experts, session 6).
 __device__ __forceinline__ void cp_async16_or_zero(uint4* dst, const void* src) {
     if (!src) {
         *dst = make_uint4(0, 0, 0, 0);  // read back by this lane only: ordered after this store
@@ -276,35 +276,76 @@ __device__ __forceinline__ void cp_async16_or_zero(uint4* dst, const void* src) 
     const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
-// Issues round d (kb = begin + d·step, if < end) into ring slot `slot` as one cp.async group.
-template <int M, typename Src>
-__device__ __forceinline__ void ring_issue(uint4* ring, int lane, int slot, int64_t kb, int64_t end, const Src& src) {
-    if (kb < end)
+// Where one lane's rounds come from: load m of a round (m = row · kU + u) reads the 16 bytes at
+// column kb + u·kChunk + lane_col of weight row `row`, zero at or past `end`; rounds start at
+// columns begin, begin + step, ... The lane's row addresses advance with the rounds (a
+// loop-carried value stays in registers): computed from the row indices at every round instead,
+// the compiler rematerialized them with 64-bit multiplies, ~100 of the grouped gate_up kernel's
+// ~280 instructions per round (ncu source counters, H200, FP8 experts at batch 1).
+template <int kRows, int kU, int kBytes>
+struct LaneRounds {
+    static constexpr int kLoads = kRows * kU, kLaneCols = 16 / kBytes, kChunk = 4 * kLaneCols;
+    const char* row[kRows];  // the current round's address of the lane's first column in each row
+    int64_t kb, end, step;
+    int lane_col;
+    __device__ __forceinline__ LaneRounds(const char* const (&rows)[kRows], int c, int64_t begin, int64_t end_,
+                                          int64_t step_)
+        : kb(begin), end(end_), step(step_), lane_col(c * kLaneCols) {
 #pragma unroll
-        for (int m = 0; m < M; ++m) cp_async16_or_zero(ring + (slot * M + m) * 32 + lane, src(m, kb));
-    asm volatile("cp.async.commit_group;\n" ::);
-}
+        for (int r = 0; r < kRows; ++r) row[r] = rows[r] + (begin + lane_col) * kBytes;
+    }
+    // Load m of the current round, or null (zero) past the end.
+    __device__ __forceinline__ const char* address(int m) const {
+        const int u = m % kU;
+        return kb + u * kChunk + lane_col < end ? row[m / kU] + u * kChunk * kBytes : nullptr;
+    }
+    __device__ __forceinline__ void advance() {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) row[r] += step * kBytes;
+        kb += step;
+    }
+    // Issues the current round into ring slot `slot` as one cp.async group (an empty group past the
+    // end), then moves to the next round. A round wholly before `end` skips the per-load checks.
+    __device__ __forceinline__ void issue(uint4* ring /*[slots][kLoads][32]*/, int lane, int slot) {
+        uint4* dst = ring + slot * kLoads * 32 + lane;
+        if (kb + kU * kChunk <= end) {
+#pragma unroll
+            for (int m = 0; m < kLoads; ++m) {
+                const uint32_t d = uint32_t(__cvta_generic_to_shared(dst + m * 32));
+                asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d),
+                             "l"(row[m / kU] + (m % kU) * kChunk * kBytes));
+            }
+        } else if (kb < end) {
+#pragma unroll
+            for (int m = 0; m < kLoads; ++m) cp_async16_or_zero(dst + m * 32, address(m));
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        advance();
+    }
+};
 // The ring's first kRing - 1 rounds. A kernel may issue them before its PDL wait (the weights are
 // constant) and pass first_issued = true to stream_rounds_ring: the stream then starts with its
 // loads already in flight while the previous kernel finishes.
-template <int kRing, int M, typename Src>
-__device__ __forceinline__ void ring_issue_first(int64_t begin, int64_t end, int64_t step, uint4* ring, int lane,
-                                                 const Src& src) {
+template <int kRing, typename Loads>
+__device__ __forceinline__ void ring_issue_first(Loads& loads, uint4* ring, int lane) {
 #pragma unroll
-    for (int d = 0; d < kRing - 1; ++d) ring_issue<M>(ring, lane, d, begin + d * step, end, src);
+    for (int d = 0; d < kRing - 1; ++d) loads.issue(ring, lane, d);
 }
-template <int kRing, int M, typename Round, typename Src, typename Use>
+// Consumes the rounds at kb = begin, begin + step, ... < end (`loads` starts at the same round)
+// through the warp's ring of kRing slots: round i lives in slot i % kRing, and round i + kRing - 1
+// is issued before round i is used.
+template <int kRing, typename Round, typename Loads, typename Use>
 __device__ __forceinline__ void stream_rounds_ring(int64_t begin, int64_t end, int64_t step, uint4* ring /*[kRing][M][32]*/,
-                                                   int lane, const Src& src, const Use& use_round,
+                                                   int lane, Loads& loads, const Use& use_round,
                                                    bool first_issued = false) {
+    constexpr int M = Loads::kLoads;
     static_assert(sizeof(Round) == M * 16, "a round is M 16-byte loads");
-    // Round i lives in slot i % kRing; rounds 0 .. kRing - 2 go out first.
-    if (!first_issued) ring_issue_first<kRing, M>(begin, end, step, ring, lane, src);
+    if (!first_issued) ring_issue_first<kRing>(loads, ring, lane);
     int slot = 0;
     for (int64_t kb = begin; kb < end; kb += step) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(kRing - 2));  // round i has landed
         // Round i + kRing - 1 into the slot that round i - 1 used (read back last iteration).
-        ring_issue<M>(ring, lane, slot == 0 ? kRing - 1 : slot - 1, kb + (kRing - 1) * step, end, src);
+        loads.issue(ring, lane, slot == 0 ? kRing - 1 : slot - 1);
         Round w;
         uint4* wv = reinterpret_cast<uint4*>(&w);
 #pragma unroll
