@@ -612,12 +612,13 @@ __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(Stre
     if constexpr (kF16) stage_act_f16(static_cast<const __nv_bfloat16*>(p.x), int(p.rows), K, x_f16, x_inv, x_max);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const ColBlock block_of(p.block_cols);
     const auto use_round = [&](const Round& r, int64_t kb) {
         const auto load_x = [&](uint32_t(&xw)[8], int64_t col, bool ok) {
             if constexpr (kF16) load_x_frag<true, kActShared>(xw, xr, col, ok);
             else load_x_frag<true>(xw, xr, col, ok);
         };
-        fp8_round_mma<kFp8MmaU, kF16>(r.r0, r.r1, kb, K, c, scale_row, p.block_cols, load_x, acc);
+        fp8_round_mma<kFp8MmaU, kF16>(r.r0, r.r1, kb, K, c, scale_row, block_of, load_x, acc);
     };
     if (active)
         stream_rounds_ring<kFp8MmaRing, Round>(half * kStep, K, 2 * kStep, ring, lane, loads, use_round, kEarly);
@@ -642,7 +643,7 @@ __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(Stre
 // K across warps). XINFER_CUDA_FP8_MMA_GEMV=0 turns it off.
 bool fp8_mma_gemv_fits(const Context* c, const StreamGemv& p, bool x_aligned) {
     static const bool enabled = env_flag("XINFER_CUDA_FP8_MMA_GEMV", true);
-    return enabled && p.rows >= 1 && p.rows <= 8 && x_aligned && p.k % 16 == 0 && p.block_cols % 64 == 0 &&
+    return enabled && p.rows >= 1 && p.rows <= 8 && x_aligned && p.k % 16 == 0 && p.k < kMaxScaledCols && p.block_cols % 64 == 0 &&
            p.block_rows % 16 == 0 && p.shard_rows % 16 == 0 && pointer_alignment(p.w) >= 16 &&
            ceil_div(p.n, int64_t(16 * kFp8MmaTiles)) >= std::max(c->sm_count, 1) && p.n < (int64_t(1) << 31);
 }

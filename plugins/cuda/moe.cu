@@ -404,6 +404,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     };
     using Loads = LaneRounds<4, kU, kBytes>;
     Loads loads(rows, c, half * kStep, H, 2 * kStep);
+    const ColBlock block_of(kFp8 ? block_cols : 64);
     uint4* ring = reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E)) + warp * kRing * 4 * kU * 32;
 
     // kF16 (fp8 with the ring): x [T, H] as f16 rows after the ring, their scales x_inv [T] after
@@ -449,8 +450,10 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                 fu.set(w.u0[u], w.u1[u]);
                 float sg = 1.f, su = 1.f;
                 if constexpr (kFp8) {
-                    sg = __ldg(scale_g + chunk / block_cols);
-                    su = __ldg(scale_u + chunk / block_cols);
+                    // (Instances of several token tiles keep the division: the multiplier's register spilled them.)
+                    const int b = kNT == 1 ? block_of(chunk) : int(chunk / block_cols);
+                    sg = __ldg(scale_g + b);
+                    su = __ldg(scale_u + b);
                 }
 #pragma unroll
                 for (int nt = 0; nt < kNT; ++nt) {
@@ -556,6 +559,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
             return col < u.k_end ? (m < kU ? u.w0 : u.w1) + col * kBytes : nullptr;
         };
     };
+    const ColBlock block_of(kFp8 ? block_cols : 64);
     using Loads = LaneRounds<2, kU, kBytes>;
     const auto loads_of = [&](const Unit& u) {
         const char* const rows[2] = {u.w0, u.w1};
@@ -614,7 +618,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                     if (h_in_smem) load_x_frag<true, kActShared>(xw, hr[0], col, ok);
                     else load_x_frag<true, kActL2>(xw, hr[0], col, ok);
                 };
-                fp8_round_mma<kU, false>(w.r0, w.r1, kb, I, c, scale_row, block_cols, load_h, acc[0]);
+                fp8_round_mma<kU, false>(w.r0, w.r1, kb, I, c, scale_row, block_of, load_h, acc[0]);
             };
             const auto use_round = [&](const Round& w, int64_t kb) {
                 if constexpr (kFp8 && kNT == 1) {
@@ -1135,7 +1139,7 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
         const bool few = P <= kGemvMaxPairs || ceil_div(P, touched) <= moe_grouped_pairs_per_expert();
         const size_t smem_down = size_t(moe_plan_ints(P, E)) * 4 + size_t(P) * 16 * 4;
         if (moe_grouped_enabled() && moe_stream_enabled() && dtypes_ok && few && P <= kGroupedMaxPairs &&
-            H % align == 0 && I % align == 0 && (!any_fp8 || (br % 16 == 0 && bc % 64 == 0)) &&
+            H % align == 0 && I % align == 0 && (!any_fp8 || (br % 16 == 0 && bc % 64 == 0 && std::max(H, I) < kMaxScaledCols)) &&
             pointer_alignment(gate_up.data) >= 16 && pointer_alignment(down.data) >= 16 &&
             (convert_x || pointer_alignment(x.data) >= 16) && smem_down <= 48 * 1024 &&
             moe_plan_ints(P, E) * 4 + 16 * 1024 <= 48 * 1024) {

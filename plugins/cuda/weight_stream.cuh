@@ -200,6 +200,18 @@ __device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat
     }
 }
 
+// col / block_cols as one multiply-high by m = ceil(2^32 / block_cols): exact while col < 2^32 /
+// block_cols (the fraction col·(m·d − 2^32) / (d·2^32) added to col/d stays below 1/d), so for
+// the FP8 kernels' block_cols ≥ 64 any K < 2^26 (the launchers check kMaxScaledCols). A runtime
+// int64 division was ~19 instructions on its 32-bit fast path, once per round.
+constexpr int64_t kMaxScaledCols = int64_t(1) << 26;
+struct ColBlock {
+    uint32_t magic;
+    __device__ __forceinline__ explicit ColBlock(int64_t block_cols)
+        : magic(uint32_t((0x100000000ull + uint64_t(block_cols) - 1) / uint64_t(block_cols))) {}
+    __device__ __forceinline__ int operator()(int64_t col) const { return int(__umulhi(uint32_t(col), magic)); }
+};
+
 // acc += Σ_u scale(chunk u) · A_u · X_u over one round of kU e4m3 chunks (64 columns each, rows g
 // and g + 8 of a 16-row tile in r0 / r1) at columns kb + 64u, against one 8-column activation tile.
 // load_x(xw, col, ok) loads the lane's activation fragment at column col (zero when !ok). The
@@ -208,7 +220,7 @@ __device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat
 // at or past `end` are zero and skipped; a chunk lies in one scale block (block_cols % 64 == 0).
 template <int kU, bool kF16, typename LoadX>
 __device__ __forceinline__ void fp8_round_mma(const uint4 (&r0)[kU], const uint4 (&r1)[kU], int64_t kb, int64_t end,
-                                              int c, const float* scale_row, int64_t block_cols, const LoadX& load_x,
+                                              int c, const float* scale_row, ColBlock block_of, const LoadX& load_x,
                                               float (&acc)[4]) {
     constexpr int kChunk = 64;
     AFrag<true, kF16> f[kU];
@@ -230,7 +242,7 @@ __device__ __forceinline__ void fp8_round_mma(const uint4 (&r0)[kU], const uint4
     for (int u = 0; u < kU; ++u) {
         const int64_t chunk = kb + u * kChunk;
         if (chunk >= end) break;  // warp-uniform
-        const float s = __ldg(scale_row + chunk / block_cols);
+        const float s = __ldg(scale_row + block_of(chunk));
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[u][i], s, acc[i]);
     }
