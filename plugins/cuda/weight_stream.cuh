@@ -280,13 +280,14 @@ __device__ __forceinline__ void stream_rounds(int64_t begin, int64_t end, int64_
 // barrier). kRing - 1 rounds stay in flight per warp without holding registers: the register
 // paths above keep at most two rounds, and their warps sat on long-scoreboard stalls at a quarter
 // occupancy (ncu, FP8 experts, session 6).
-__device__ __forceinline__ void cp_async16_or_zero(uint4* dst, const void* src) {
-    if (!src) {
-        *dst = make_uint4(0, 0, 0, 0);  // read back by this lane only: ordered after this store
-        return;
-    }
+// 16 bytes of a weight stream into shared memory (L2 asked for the whole 128-byte line, as load_stream16).
+__device__ __forceinline__ void cp_async16_stream(uint4* dst, const void* src) {
     const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async16_or_zero(uint4* dst, const void* src) {
+    if (src) cp_async16_stream(dst, src);
+    else *dst = make_uint4(0, 0, 0, 0);  // read back by this lane only: ordered after this store
 }
 // Where one lane's rounds come from: load m of a round (m = row · kU + u) reads the 16 bytes at
 // column kb + u·kChunk + lane_col of weight row `row`, zero at or past `end`; rounds start at
@@ -322,11 +323,7 @@ struct LaneRounds {
         uint4* dst = ring + slot * kLoads * 32 + lane;
         if (kb + kU * kChunk <= end) {
 #pragma unroll
-            for (int m = 0; m < kLoads; ++m) {
-                const uint32_t d = uint32_t(__cvta_generic_to_shared(dst + m * 32));
-                asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d),
-                             "l"(row[m / kU] + (m % kU) * kChunk * kBytes));
-            }
+            for (int m = 0; m < kLoads; ++m) cp_async16_stream(dst + m * 32, row[m / kU] + (m % kU) * kChunk * kBytes);
         } else if (kb < end) {
 #pragma unroll
             for (int m = 0; m < kLoads; ++m) cp_async16_or_zero(dst + m * 32, address(m));
