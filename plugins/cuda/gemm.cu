@@ -643,7 +643,8 @@ __global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(Stre
 // K across warps). XINFER_CUDA_FP8_MMA_GEMV=0 turns it off.
 bool fp8_mma_gemv_fits(const Context* c, const StreamGemv& p, bool x_aligned) {
     static const bool enabled = env_flag("XINFER_CUDA_FP8_MMA_GEMV", true);
-    return enabled && p.rows >= 1 && p.rows <= 8 && x_aligned && p.k % 16 == 0 && p.k < kMaxScaledCols && p.block_cols % 64 == 0 &&
+    return enabled && p.rows >= 1 && p.rows <= 8 && x_aligned && p.k % 16 == 0 && p.block_cols % 64 == 0 &&
+           col_block_exact(p.k, p.block_cols) &&
            p.block_rows % 16 == 0 && p.shard_rows % 16 == 0 && pointer_alignment(p.w) >= 16 &&
            ceil_div(p.n, int64_t(16 * kFp8MmaTiles)) >= std::max(c->sm_count, 1) && p.n < (int64_t(1) << 31);
 }

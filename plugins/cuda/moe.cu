@@ -1139,7 +1139,8 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
         const bool few = P <= kGemvMaxPairs || ceil_div(P, touched) <= moe_grouped_pairs_per_expert();
         const size_t smem_down = size_t(moe_plan_ints(P, E)) * 4 + size_t(P) * 16 * 4;
         if (moe_grouped_enabled() && moe_stream_enabled() && dtypes_ok && few && P <= kGroupedMaxPairs &&
-            H % align == 0 && I % align == 0 && (!any_fp8 || (br % 16 == 0 && bc % 64 == 0 && std::max(H, I) < kMaxScaledCols)) &&
+            H % align == 0 && I % align == 0 &&
+            (!any_fp8 || (br % 16 == 0 && bc % 64 == 0 && col_block_exact(std::max(H, I), bc))) &&
             pointer_alignment(gate_up.data) >= 16 && pointer_alignment(down.data) >= 16 &&
             (convert_x || pointer_alignment(x.data) >= 16) && smem_down <= 48 * 1024 &&
             moe_plan_ints(P, E) * 4 + 16 * 1024 <= 48 * 1024) {

@@ -201,10 +201,13 @@ __device__ __forceinline__ void load_x_frag(uint32_t (&xw)[8], const __nv_bfloat
 }
 
 // col / block_cols as one multiply-high by m = ceil(2^32 / block_cols): exact while col < 2^32 /
-// block_cols (the fraction col·(m·d − 2^32) / (d·2^32) added to col/d stays below 1/d), so for
-// the FP8 kernels' block_cols ≥ 64 any K < 2^26 (the launchers check kMaxScaledCols). A runtime
-// int64 division was ~19 instructions on its 32-bit fast path, once per round.
-constexpr int64_t kMaxScaledCols = int64_t(1) << 26;
+// block_cols (the fraction col·(m·d − 2^32) / (d·2^32) added to col/d stays below 1/d; checked
+// exhaustively for every multiple of 64 up to 8,192), and beyond that only for powers of two —
+// block width 192 fails from col = 2^25 on. The launchers check col_block_exact. A runtime int64
+// division was ~19 instructions on its 32-bit fast path, once per round.
+__host__ __device__ inline bool col_block_exact(int64_t cols, int64_t block_cols) {
+    return block_cols > 0 && cols <= (int64_t(1) << 32) / block_cols;
+}
 struct ColBlock {
     uint32_t magic;
     __device__ __forceinline__ explicit ColBlock(int64_t block_cols)
