@@ -125,6 +125,19 @@ __device__ __forceinline__ void store_token_ranges(const BlockRows& b, const int
     }
 }
 
+// The keys block row r sees, [lo, hi] within [key_lo, key_hi] (lo > hi past the block's rows):
+// the range of its token (row = token · group + head, token-major).
+__device__ __forceinline__ void row_key_range(const BlockRows& b, int r, int group, const int* tok_lo, const int* tok_hi,
+                                              int key_lo, int key_hi, int& lo, int& hi) {
+    lo = 1;
+    hi = 0;
+    if (r < b.rows) {
+        const int tok = int((b.row0 + r) / group) - b.tok_first;
+        lo = max(tok_lo[tok], key_lo);
+        hi = min(tok_hi[tok], key_hi);
+    }
+}
+
 // The union of the tokens' key ranges, [key_lo, key_hi] (key_lo > key_hi when no token sees a key).
 __device__ __forceinline__ void key_union(const int* tok_lo, const int* tok_hi, int ntok, int& key_lo, int& key_hi) {
     key_lo = INT_MAX;

@@ -269,16 +269,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
     // This thread's two rows (gid, gid + 8 of the warp's group): visible keys within the split.
     int lo_r[2], hi_r[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = rg * 16 + gid + 8 * h;
-        lo_r[h] = 1;
-        hi_r[h] = 0;
-        if (r < rows) {
-            const int tok = int((row0 + r) / G) - tok_first;
-            lo_r[h] = max(tok_lo[tok], key_lo);
-            hi_r[h] = min(tok_hi[tok], key_hi);
-        }
-    }
+    for (int h = 0; h < 2; ++h) row_key_range(b, rg * 16 + gid + 8 * h, G, tok_lo, tok_hi, key_lo, key_hi, lo_r[h], hi_r[h]);
 
     float o[kMaxDv / 8][4];
 #pragma unroll
@@ -384,16 +375,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
                         }
                     l_r[h] = l_r[h] * corr[h] + sum;
                 }
-                // Rescale O only when some row's max moved (in decode it rarely does after the
-                // first keys; multiplying by exactly 1 changes nothing, so skipping is exact).
-                if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f))
-#pragma unroll
-                    for (int j = 0; j < kMaxDv / 8; ++j) {
-                        o[j][0] *= corr[0];
-                        o[j][1] *= corr[0];
-                        o[j][2] *= corr[1];
-                        o[j][3] *= corr[1];
-                    }
+                rescale_rows(o, corr);
                 // O[16 rows, dv] += P[16 rows, kStep keys] · V[kStep keys, dv]; P from the S
                 // accumulators (an m16n8 accumulator pair is the A fragment of the next mma).
                 if constexpr (kStep == 16) {

@@ -174,16 +174,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeAr
     // This thread's two rows (gid, gid + 8 of the warp's 16): their visible keys.
     int lo_r[2], hi_r[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = warp * 16 + gid + 8 * h;
-        lo_r[h] = 1;
-        hi_r[h] = 0;
-        if (r < rows) {
-            const int tok = int((row0 + r) / G) - tok_first;
-            lo_r[h] = tok_lo[tok];
-            hi_r[h] = tok_hi[tok];
-        }
-    }
+    for (int h = 0; h < 2; ++h)
+        row_key_range(b, warp * 16 + gid + 8 * h, G, tok_lo, tok_hi, INT_MIN, INT_MAX, lo_r[h], hi_r[h]);
 
     cp_async_wait<kStages - 2>();
     fence_proxy_async();  // (this thread's shared-memory writes, for wgmma)
@@ -253,17 +245,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeAr
             m_r[h] = m_new;
         }
     };
-    // O *= corr, only when some row's reference moved (multiplying by exactly 1 changes nothing).
-    const auto rescale = [&](const float (&corr)[2]) {
-        if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f))
-#pragma unroll
-            for (int j = 0; j < kDv / 8; ++j) {
-                o[j][0] *= corr[0];
-                o[j][1] *= corr[0];
-                o[j][2] *= corr[1];
-                o[j][3] *= corr[1];
-            }
-    };
     // Scores → probabilities in place; the rows' denominators.
     const auto exponentiate = [&](Scores& sc, const float (&m_use)[2], const float (&corr)[2]) {
 #pragma unroll
@@ -328,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_kernel(DecodeAr
         if (!whole_tile(kb)) mask(sc, kb);
         float m_use[2], corr[2];
         update_max(sc, m_use, corr);
-        rescale(corr);
+        rescale_rows(o, corr);
         exponentiate(sc, m_use, corr);
         accumulate(v_tile(st), sc);
     }

@@ -81,6 +81,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+
+// O *= corr for a warp's 16 rows (accumulators 0, 1: row g; 2, 3: row g + 8), only when some row's
+// reference max moved: multiplying by exactly 1 changes nothing, so skipping is exact, and after
+// the first keys the max rarely moves.
+template <int kN>
+__device__ __forceinline__ void rescale_rows(float (&o)[kN][4], const float (&corr)[2]) {
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f))
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
