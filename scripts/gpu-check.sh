@@ -101,6 +101,9 @@ if [ $engine = 1 ]; then
             # cases, since the CPU backend runs no FP8 MATMUL.
             ops_test_with XINFER_OPS_TEST_DECODE_MATMULS=1 ops-test-fp8-matmul.log "fp8 cases" \
                 --op matmul --filter '^matmul\((T=(520|600),|T=[0-9]+, N=(8464|8704),)'
+            # bf16 matmuls of up to 8 rows run on the tensor-core GEMV; the streaming GEMV stays their
+            # fallback (and the f32 routers' path).
+            ops_test_with XINFER_CUDA_BF16_MMA_GEMV=0 ops-test-bf16-stream-gemv.log "bf16 streaming GEMV" --op matmul
             # The split-KV kernel runs nearly every attention; the flash kernel it replaced stays the
             # path for FP8 caches and wide heads, so it is checked on the whole attention grid too.
             ops_test_with XINFER_CUDA_DECODE_ATTENTION=0 ops-test-flash-attention.log "flash kernel" --op attention

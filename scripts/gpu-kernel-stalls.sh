@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-kernel-stalls-out}
-regex=${1:-fp8_mma_gemv|moe_grouped_gate_up|moe_down_slots}
+regex=${1:-mma_gemv|moe_grouped_gate_up|moe_down_slots}
 model=${2:-bench/models/mimo_v2_flash_e8_fp8}
 [ $# -gt 0 ] && shift
 [ $# -gt 0 ] && shift

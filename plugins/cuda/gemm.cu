@@ -538,15 +538,16 @@ int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
     return launch_stream_rows<WT, XT, 0>(c, p, grid);
 }
 
-// ---- FP8 few-token GEMV on the tensor cores ---------------------------------------------------------
+// ---- few-token GEMV on the tensor cores (FP8 and bf16 weights) -------------------------------------
 // The streaming GEMV above widens every e4m3 weight to f32 for its FMAs: ~4 instructions per weight
 // byte, and MiMo's fused FP8 qkv (60.8 MB) took 35.2 µs on H200, 41% of copy bandwidth. This
 // kernel reads the weights the way the grouped expert kernels do (moe.cu; their e4m3 gate_up runs
-// at 77%): a warp owns a 16-row tile and half of K, widens e4m3 exactly to bf16 A fragments and
-// runs mma.sync with the tokens as B's 8 columns (so T ≤ 8 costs what T = 1 does), its rounds
-// staged through a cp.async ring in shared memory (weight_stream.cuh); the halves meet in shared
-// memory in a fixed order. Needs block_cols % 64 == 0 (a lane quad's 64-column chunk lies in one
-// scale block), block_rows and shard rows % 16 == 0 (a tile lies in one scale row), K % 16 == 0.
+// at 77%): a warp owns a 16-row tile and every parts-th round of K, widens e4m3 exactly to bf16 A
+// fragments and runs mma.sync with the tokens as B's 8 columns (so T ≤ 8 costs what T = 1 does),
+// its rounds staged through a cp.async ring in shared memory (weight_stream.cuh); the parts meet
+// in shared memory in a fixed order. FP8 needs block_cols % 64 == 0 (a lane quad's 64-column chunk
+// lies in one scale block), block_rows and shard rows % 16 == 0 (a tile lies in one scale row),
+// K % 16 == 0.
 // H200 (ncu, FP8 bench model): the fused qkv 35.2 -> 28.6 µs (50% of copy; still short of the
 // expert kernels: a warp's 32 KB is only 16 rounds); FP8 batch-1 decode 50.7 -> 53.4% of copy, the
 // 8-token DFlash verify step 13.26 -> 10.88 ms. 2 or 1 tiles per block (more, smaller blocks per
@@ -559,111 +560,157 @@ int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
 // as power-of-two-scaled f16 (stage_act_f16) so the weights widen to f16 in one conversion per
 // pair for the f16 mma — exact products as before. H200, ops-test --perf, T = 1: the fused qkv
 // [14848, 4096] 33.6 -> 20.0 µs (71% of copy), [32768, 4096] 62.1 -> 40.3 µs (78%).
-constexpr int kFp8MmaTiles = 4;                 // 16-row tiles per block
-constexpr int kFp8MmaWarps = 2 * kFp8MmaTiles;  // two warps per tile, each streaming half of K
-constexpr int kFp8MmaU = 2;                     // 64-column chunks of each of the tile's rows per round
-constexpr int kFp8MmaRing = 4;                  // ring slots (rounds) per warp
-constexpr size_t kFp8MmaRingBytes = size_t(kFp8MmaWarps) * kFp8MmaRing * 2 * kFp8MmaU * 32 * 16;  // 64 KB
+// bf16 weights (session 17) take the same stream with no widening at all: a lane's 16-byte words
+// are its A fragments as loaded (AFrag<false>), ~30 instructions per 2 KB round against the
+// streaming GEMV's ~20 per 16 bytes, and T ≤ 8 tokens cost one mma each like T = 1. Blocks of
+// 8 / parts tiles: parts (1, 2, 4 or 8 warps per tile) grows until the grid covers the SMs, so
+// MiMo's o_proj [4096, 8192] (256 tiles) runs 256 blocks of one tile in eight parts.
+constexpr int kMmaGemvWarps = 8;
+constexpr int kMmaGemvU = 2;     // 64-byte chunks of each of the tile's rows per round
+constexpr int kMmaGemvRing = 4;  // ring slots (rounds) per warp
+constexpr size_t kMmaGemvRingBytes = size_t(kMmaGemvWarps) * kMmaGemvRing * 2 * kMmaGemvU * 32 * 16;  // 64 KB
+constexpr int kFp8MmaParts = 2;  // FP8: two warps per tile, each streaming every other round
+constexpr int kBf16MmaParts = 8; // bf16: a block per tile, its 8 warps streaming every 8th round
 
-template <bool kEarly, bool kF16>
-__global__ void __launch_bounds__(kFp8MmaWarps * 32, 2) fp8_mma_gemv_kernel(StreamGemv p) {
-    // [warps][kFp8MmaRing][2 · kFp8MmaU][32], then (kF16) x as f16 [rows, K]
-    extern __shared__ __align__(16) uint4 fp8_ring[];
-    __shared__ float partner[kFp8MmaTiles][4][32];     // the second half's sums
-    __shared__ float x_inv[kGemvMaxRows];              // kF16: the rows' scales
-    __shared__ int x_max[kGemvMaxRows];                // kF16: stage_act_f16's scratch
+// p.split = parts: the warps per 16-row tile (1, 2, 4 or 8).
+template <bool kFp8, bool kEarly, bool kF16>
+__global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamGemv p) {
+    static_assert(kFp8 || !kF16, "the f16 mma is for e4m3 weights");
+    // [warps][kMmaGemvRing][2 · kMmaGemvU][32], then (kF16) x as f16 [rows, K]
+    extern __shared__ __align__(16) uint4 mma_ring[];
+    __shared__ float partial[kMmaGemvWarps][4][32];  // parts ≥ 1's sums
+    __shared__ float x_inv[kGemvMaxRows];            // kF16: the rows' scales
+    __shared__ int x_max[kGemvMaxRows];              // kF16: stage_act_f16's scratch
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, c = lane % 4;
-    const int tile = warp % kFp8MmaTiles, half = warp / kFp8MmaTiles;
-    const int64_t n0 = (int64_t(blockIdx.x) * kFp8MmaTiles + tile) * 16, K = p.k;
+    const int parts = p.split, tiles = kMmaGemvWarps / parts;
+    const int tile = warp % tiles, part = warp / tiles;
+    const int64_t n0 = (int64_t(blockIdx.x) * tiles + tile) * 16, K = p.k;
     const bool active = n0 < p.n;  // no early exit: the block synchronizes below
-    constexpr int64_t kChunk = 64, kStep = kChunk * kFp8MmaU;
+    constexpr int kBytes = kFp8 ? 1 : 2;
+    constexpr int64_t kChunk = 64 / kBytes, kStep = kChunk * kMmaGemvU;  // columns
     const char* w = static_cast<const char*>(p.w);
-    const char* w0 = w + min(n0 + g, p.n - 1) * K;  // rows g and g + 8 of the tile
-    const char* w1 = w + min(n0 + g + 8, p.n - 1) * K;
-    const int64_t nt = min(n0, p.n - 1);
-    const float* scale_row =
-        p.scale + ((nt / p.shard_rows) * p.blocks_per_shard + (nt % p.shard_rows) / p.block_rows) * p.scale_cols;
+    const char* w0 = w + min(n0 + g, p.n - 1) * K * kBytes;  // rows g and g + 8 of the tile
+    const char* w1 = w + min(n0 + g + 8, p.n - 1) * K * kBytes;
+    const float* scale_row = nullptr;
+    if constexpr (kFp8) {
+        const int64_t nt = min(n0, p.n - 1);
+        scale_row = p.scale + ((nt / p.shard_rows) * p.blocks_per_shard + (nt % p.shard_rows) / p.block_rows) * p.scale_cols;
+    }
     // B's column g is token g; columns past p.rows repeat the last token and are not stored.
-    __half* x_f16 = reinterpret_cast<__half*>(fp8_ring + kFp8MmaWarps * kFp8MmaRing * 2 * kFp8MmaU * 32);
+    __half* x_f16 = reinterpret_cast<__half*>(mma_ring + kMmaGemvWarps * kMmaGemvRing * 2 * kMmaGemvU * 32);
     const __nv_bfloat16* xr = kF16 ? reinterpret_cast<const __nv_bfloat16*>(x_f16) + min(g, p.rows - 1) * K
                                    : static_cast<const __nv_bfloat16*>(p.x) + min(g, p.rows - 1) * K;
 
-    struct Round {  // kFp8MmaU chunks of rows g and g + 8
-        uint4 r0[kFp8MmaU], r1[kFp8MmaU];
+    struct Round {  // kMmaGemvU chunks of rows g and g + 8
+        uint4 r0[kMmaGemvU], r1[kMmaGemvU];
     };
     // Weights are constant: the first rounds may be requested before the previous kernel has
     // finished (programmatic dependent launch); x is read only after the wait. kEarly: into the
     // ring itself; else only into L2.
-    uint4* ring = fp8_ring + warp * kFp8MmaRing * 2 * kFp8MmaU * 32;
+    uint4* ring = mma_ring + warp * kMmaGemvRing * 2 * kMmaGemvU * 32;
     const char* const rows[2] = {w0, w1};
-    LaneRounds<2, kFp8MmaU, 1> loads(rows, c, half * kStep, K, 2 * kStep);
+    LaneRounds<2, kMmaGemvU, kBytes> loads(rows, c, part * kStep, K, parts * kStep);
     if (active) {
         if constexpr (kEarly) {
-            ring_issue_first<kFp8MmaRing>(loads, ring, lane);
+            ring_issue_first<kMmaGemvRing>(loads, ring, lane);
         } else {
             auto ahead = loads;
-            for (int d = 0; d < kFp8MmaRing - 1; ++d, ahead.advance())
+            for (int d = 0; d < kMmaGemvRing - 1; ++d, ahead.advance())
 #pragma unroll
-                for (int m = 0; m < 2 * kFp8MmaU; ++m)
+                for (int m = 0; m < 2 * kMmaGemvU; ++m)
                     if (const char* a = ahead.address(m)) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         }
     }
     pdl_begin();
     if constexpr (kF16) stage_act_f16(static_cast<const __nv_bfloat16*>(p.x), int(p.rows), K, x_f16, x_inv, x_max);
 
+    // FP8 scales each chunk's sums into acc; bf16 keeps one accumulator per chunk of a round
+    // (independent mma chains), summed at the end.
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    const ColBlock block_of(p.block_cols);
+    float chunk_acc[kMmaGemvU][4] = {};
+    const ColBlock block_of(kFp8 ? p.block_cols : 64);  // (unused for bf16)
     const auto use_round = [&](const Round& r, int64_t kb) {
         const auto load_x = [&](uint32_t(&xw)[8], int64_t col, bool ok) {
             if constexpr (kF16) load_x_frag<true, kActShared>(xw, xr, col, ok);
-            else load_x_frag<true>(xw, xr, col, ok);
+            else load_x_frag<kFp8>(xw, xr, col, ok);
         };
-        fp8_round_mma<kFp8MmaU, kF16>(r.r0, r.r1, kb, K, c, scale_row, block_of, load_x, acc);
+        if constexpr (kFp8) fp8_round_mma<kMmaGemvU, kF16>(r.r0, r.r1, kb, K, c, scale_row, block_of, load_x, acc);
+        else bf16_round_mma<kMmaGemvU>(r.r0, r.r1, kb, K, c, load_x, chunk_acc);
     };
     if (active)
-        stream_rounds_ring<kFp8MmaRing, Round>(half * kStep, K, 2 * kStep, ring, lane, loads, use_round, kEarly);
-    if (half == 1)
+        stream_rounds_ring<kMmaGemvRing, Round>(part * kStep, K, parts * kStep, ring, lane, loads, use_round, kEarly);
+    if constexpr (!kFp8)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) partner[tile][i][lane] = acc[i];
-    __syncthreads();
+        for (int u = 0; u < kMmaGemvU; ++u)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[i] += chunk_acc[u][i];
+    if (parts > 1) {  // block-uniform
+        if (part > 0)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
+        __syncthreads();
+        if (part == 0)
+            for (int q = 1; q < parts; ++q)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[i] += partial[warp + q * tiles][i][lane];
+    }
     // Accumulator i: row n0 + g (+8 for i ≥ 2), token 2c + (i & 1).
-    if (half == 0 && active)
+    if (part == 0 && active)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int64_t row = n0 + g + (i >= 2 ? 8 : 0);
             const int token = 2 * c + (i & 1);
             if (row < p.n && token < p.rows)
-                store_f(p.y, p.y_dtype, int64_t(token) * p.n + row,
-                        (acc[i] + partner[tile][i][lane]) * (kF16 ? x_inv[token] : 1.f));
+                store_f(p.y, p.y_dtype, int64_t(token) * p.n + row, acc[i] * (kF16 ? x_inv[token] : 1.f));
         }
 }
 
-// Whether an FP8 matmul goes to fp8_mma_gemv_kernel: the conditions above, x bf16 16-byte aligned,
-// and enough 64-row blocks to fill the SMs (smaller matrices keep the streaming GEMV, which splits
-// K across warps). XINFER_CUDA_FP8_MMA_GEMV=0 turns it off.
+// Whether an FP8 matmul goes to mma_gemv_kernel: the conditions above, x bf16 16-byte aligned,
+// and enough blocks of 8 / kFp8MmaParts tiles to fill the SMs (smaller matrices keep the streaming
+// GEMV, which splits K across warps). XINFER_CUDA_FP8_MMA_GEMV=0 turns it off.
 bool fp8_mma_gemv_fits(const Context* c, const StreamGemv& p, bool x_aligned) {
     static const bool enabled = env_flag("XINFER_CUDA_FP8_MMA_GEMV", true);
     return enabled && p.rows >= 1 && p.rows <= 8 && x_aligned && p.k % 16 == 0 && p.block_cols % 64 == 0 &&
-           col_block_exact(p.k, p.block_cols) &&
-           p.block_rows % 16 == 0 && p.shard_rows % 16 == 0 && pointer_alignment(p.w) >= 16 &&
-           ceil_div(p.n, int64_t(16 * kFp8MmaTiles)) >= std::max(c->sm_count, 1) && p.n < (int64_t(1) << 31);
+           col_block_exact(p.k, p.block_cols) && p.block_rows % 16 == 0 && p.shard_rows % 16 == 0 &&
+           pointer_alignment(p.w) >= 16 &&
+           ceil_div(p.n, int64_t(16 * kMmaGemvWarps / kFp8MmaParts)) >= std::max(c->sm_count, 1) &&
+           p.n < (int64_t(1) << 31);
+}
+
+// Whether a bf16 matmul of T ≤ 8 rows may go to mma_gemv_kernel: x bf16 16-byte aligned, rows of
+// whole 16-byte words (K % 8 == 0). op_matmul sends it there at T = 2..8 (instead of cuBLASLt),
+// and at T = 1 when the streaming GEMV would split rows across warps (too few rows for 4 blocks of
+// 8 whole rows per SM: MiMo's o_proj [4096, 8192]); row-rich T = 1 matmuls (q|k|v, lm_head) keep
+// the streaming GEMV. H200, same-call A/Bs (session 17, docs/perf/2026-12-01-h200-session17.md):
+// in isolation o_proj read 21.2 µs against the streaming GEMV's 20.0, yet in the graph-replayed
+// step (its first rounds in flight before the PDL wait) FP8 batch-1 decode went 67.4 -> 69.3% and
+// bf16 80.3 -> 81.3%; the fused q|k|v through it (parts 2: 41 µs against 32; parts 8: 33) gained
+// nothing in the step. The 8-token DFlash verify step went 11.75 -> 11.34 ms (1.31 -> 1.25x a
+// decode step). XINFER_CUDA_BF16_MMA_GEMV=0: the previous routing (A/B).
+bool bf16_mma_gemv_fits(int64_t T, int64_t N, int64_t K, bool x_aligned, const void* w) {
+    static const bool enabled = env_flag("XINFER_CUDA_BF16_MMA_GEMV", true);
+    return enabled && T >= 1 && T <= kGemvMaxRows && x_aligned && K % 8 == 0 && K > 0 && N < (int64_t(1) << 31) &&
+           pointer_alignment(w) >= 16;
 }
 
 // XINFER_CUDA_FP8_EARLY_RING=0: only an L2 prefetch of the first rounds before the PDL wait.
 // x as f16 in shared memory (the f16 mma) when it takes at most kFp8MmaF16MaxBytes (two blocks
 // still fit per SM) and XINFER_CUDA_FP8_F16_MMA has bit kF16MmaGemv; else the bf16 mma.
 constexpr size_t kFp8MmaF16MaxBytes = 16 * 1024;
-int launch_fp8_mma_gemv(Context* c, const StreamGemv& p) {
-    static_assert(kFp8MmaRingBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
+int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
+    static_assert(kMmaGemvRingBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
     static const bool early = env_flag("XINFER_CUDA_FP8_EARLY_RING", true);
+    const int64_t tiles = ceil_div(p.n, int64_t(16));
+    p.split = fp8 ? kFp8MmaParts : kBf16MmaParts;
     const size_t x_f16_bytes = size_t(p.rows) * size_t(p.k) * 2;
-    const bool f16 = fp8_f16_mma_enabled(kF16MmaGemv) && x_f16_bytes <= kFp8MmaF16MaxBytes;
-    const auto kernel = f16 ? (early ? fp8_mma_gemv_kernel<true, true> : fp8_mma_gemv_kernel<false, true>)
-                            : (early ? fp8_mma_gemv_kernel<true, false> : fp8_mma_gemv_kernel<false, false>);
-    const size_t smem = kFp8MmaRingBytes + (f16 ? x_f16_bytes : 0);
+    const bool f16 = fp8 && fp8_f16_mma_enabled(kF16MmaGemv) && x_f16_bytes <= kFp8MmaF16MaxBytes;
+    const auto kernel = !fp8  ? (early ? mma_gemv_kernel<false, true, false> : mma_gemv_kernel<false, false, false>)
+                        : f16 ? (early ? mma_gemv_kernel<true, true, true> : mma_gemv_kernel<true, false, true>)
+                              : (early ? mma_gemv_kernel<true, true, false> : mma_gemv_kernel<true, false, false>);
+    const size_t smem = kMmaGemvRingBytes + (f16 ? x_f16_bytes : 0);
     XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return launch_pdl(c, "fp8_mma_gemv_kernel", kernel,
-                      dim3(unsigned(ceil_div(p.n, int64_t(16 * kFp8MmaTiles)))), dim3(kFp8MmaWarps * 32), smem, p);
+    const int64_t blocks = ceil_div(tiles, int64_t(kMmaGemvWarps / p.split));
+    return launch_pdl(c, "mma_gemv_kernel", kernel, dim3(unsigned(blocks)), dim3(kMmaGemvWarps * 32), smem, p);
 }
 
 // XINFER_CUDA_DENSE_GEMV=0 restores the previous routing (cuBLASLt for bf16/f32 weights, gemv_kernel
@@ -715,16 +762,21 @@ bool stream_gemv_fits(int64_t T, int64_t K, int w_dtype, int x_dtype, bool x_ali
     return x_ok && x_aligned && K % chunk == 0 && K / chunk < (int64_t(1) << 30) && pointer_alignment(w) >= 16;
 }
 
-int launch_stream_gemv(Context* c, StreamGemv p, int w_dtype, int x_dtype) {
-    const int64_t chunks = p.k / (w_dtype == XINFER_DTYPE_F8_E4M3 ? 16 : w_dtype == XINFER_DTYPE_BF16 ? 8 : 4);
+// The streaming GEMV's K split: the warps per weight row (see stream_gemv_kernel).
+int stream_gemv_split(const Context* c, int64_t n, int64_t k, int w_dtype) {
+    const int64_t chunks = k / (w_dtype == XINFER_DTYPE_F8_E4M3 ? 16 : w_dtype == XINFER_DTYPE_BF16 ? 8 : 4);
     const int64_t target_blocks = 4 * int64_t(std::max(c->sm_count, 1));
     int split = 1;
-    while (split < kStreamWarps && ceil_div(p.n, kStreamWarps / split) < target_blocks && chunks >= 64 * split)
+    while (split < kStreamWarps && ceil_div(n, kStreamWarps / split) < target_blocks && chunks >= 64 * split)
         split *= 2;
-    p.split = split;
+    return split;
+}
+
+int launch_stream_gemv(Context* c, StreamGemv p, int w_dtype, int x_dtype) {
+    p.split = stream_gemv_split(c, p.n, p.k, w_dtype);
     if (p.shard_rows <= 0) p.shard_rows = p.n;
     if (p.blocks_per_shard <= 0) p.blocks_per_shard = ceil_div(p.shard_rows, p.block_rows);
-    const int64_t blocks = ceil_div(p.n, kStreamWarps / split);
+    const int64_t blocks = ceil_div(p.n, kStreamWarps / p.split);
     if (blocks > int64_t(INT32_MAX)) {
         set_error(c, "cuda matmul: N = %lld is too large for the streaming GEMV", (long long)p.n);
         return XINFER_ERROR;
@@ -980,9 +1032,10 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
     if (dense_gemv_enabled() && K > 0) {
         const int stream_x = w.dtype == XINFER_DTYPE_F32 && x.dtype == XINFER_DTYPE_BF16 ? XINFER_DTYPE_BF16 : compute_dtype;
         const bool convert = x.dtype != stream_x;
-        // Converted x lands in 256-byte-aligned scratch.
-        if (stream_gemv_wins(T, N, K, w.dtype) &&
-            stream_gemv_fits(T, K, w.dtype, stream_x, convert || pointer_alignment(x.data) >= 16, w.data)) {
+        const bool x_aligned = convert || pointer_alignment(x.data) >= 16;  // converted x lands in aligned scratch
+        const bool bf16_mma = w.dtype == XINFER_DTYPE_BF16 && bf16_mma_gemv_fits(T, N, K, x_aligned, w.data) &&
+                              (T > 1 || stream_gemv_split(c, N, K, w.dtype) > 1);
+        if (bf16_mma || (stream_gemv_wins(T, N, K, w.dtype) && stream_gemv_fits(T, K, w.dtype, stream_x, x_aligned, w.data))) {
             const void* xs = x.data;
             if (convert) {
                 ScratchPlan plan;
@@ -1000,6 +1053,7 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
             p.rows = int(T);
             p.n = N;
             p.k = K;
+            if (bf16_mma) return launch_mma_gemv(c, p, false);
             if (fp8) {
                 p.scale = static_cast<const float*>(w_scale.data);
                 p.scale_cols = w_scale.shape[1];
@@ -1008,8 +1062,7 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
                 p.shard_rows = shard_rows;
                 p.blocks_per_shard = blocks_per_shard;
                 p.one_scale = bc % 16 == 0;
-                if (fp8_mma_gemv_fits(c, p, convert || pointer_alignment(x.data) >= 16))
-                    return launch_fp8_mma_gemv(c, p);
+                if (fp8_mma_gemv_fits(c, p, x_aligned)) return launch_mma_gemv(c, p, true);
             }
             return launch_stream_gemv(c, p, w.dtype, stream_x);
         }

@@ -63,7 +63,7 @@ struct Gemv {
 };
 bool gemv_fits(const Gemv& g);
 
-// Whether an FP8 tensor-core stream (fp8_mma_gemv_kernel, the grouped expert gate_up kernel) may
+// Whether an FP8 tensor-core stream (mma_gemv_kernel, the grouped expert gate_up kernel) may
 // run the f16 mma on e4m3 weights widened to f16, with its activations staged as power-of-two-
 // scaled f16 in shared memory (weight_stream.cuh: stage_act_f16). XINFER_CUDA_FP8_F16_MMA: a mask
 // of the kernels that do (default 3 = both; 0 = the bf16 mma everywhere).

@@ -57,17 +57,25 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
     return v;
 }
 
-// Two e4m3 values (the low 16 bits of v) to f16x2: one conversion instruction, exact.
+// Two e4m3 values (the low 16 bits of v, or kHigh the high 16) to f16x2: one conversion
+// instruction, exact. The 16-bit halves are named in PTX (mov.b32 {lo, hi}): written as v >> 16,
+// the high pair cost a shift before each conversion (16 SHF per FP8 gate_up round, ncu SASS).
+template <bool kHigh = false>
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
-    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+    uint32_t h;
+    if constexpr (kHigh)
+        asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, hi;\n\t}" : "=r"(h) : "r"(v));
+    else
+        asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;\n\t}" : "=r"(h) : "r"(v));
+    return h;
 }
 
-// Two e4m3 values (the low 16 bits of v) to bf16x2, exactly (e4m3 ⊂ f16 ⊂ f32, and bf16 holds
-// every e4m3 value).
+// Two e4m3 values (the low or kHigh the high 16 bits of v) to bf16x2, exactly (e4m3 ⊂ f16 ⊂
+// f32, and bf16 holds every e4m3 value).
+template <bool kHigh = false>
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
-    const float2 f = __half22float2(__half2(h));
+    const uint32_t hv = e4m3x2_to_f16x2<kHigh>(v);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hv));
     const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
     return *reinterpret_cast<const uint32_t*>(&b);
 }
@@ -81,9 +89,10 @@ struct AFrag {
     static_assert(kFp8 || !kF16, "f16 fragments are for e4m3 weights");
     static constexpr int kSteps = kFp8 ? 4 : 2;
     uint32_t a[kSteps][4];
+    template <bool kHigh = false>
     __device__ __forceinline__ static uint32_t widen(uint32_t v) {
-        if constexpr (kF16) return e4m3x2_to_f16x2(v);
-        else return e4m3x2_to_bf16x2(v);
+        if constexpr (kF16) return e4m3x2_to_f16x2<kHigh>(v);
+        else return e4m3x2_to_bf16x2<kHigh>(v);
     }
     __device__ __forceinline__ void set(uint4 r0, uint4 r1) {
         if constexpr (kFp8) {
@@ -92,8 +101,8 @@ struct AFrag {
             for (int m = 0; m < 4; ++m) {  // step m: columns 16c + 4m .. 16c + 4m + 3
                 a[m][0] = widen(w0[m]);
                 a[m][1] = widen(w1[m]);
-                a[m][2] = widen(w0[m] >> 16);
-                a[m][3] = widen(w1[m] >> 16);
+                a[m][2] = widen<true>(w0[m]);
+                a[m][3] = widen<true>(w1[m]);
             }
         } else {  // step m: columns 8c + 4m .. 8c + 4m + 3
             a[0][0] = r0.x, a[0][1] = r1.x, a[0][2] = r0.y, a[0][3] = r1.y;
@@ -219,7 +228,7 @@ struct ColBlock {
 // and g + 8 of a 16-row tile in r0 / r1) at columns kb + 64u, against one 8-column activation tile.
 // load_x(xw, col, ok) loads the lane's activation fragment at column col (zero when !ok). The
 // chunks' mma chains are independent and run interleaved: one chain of 4 dependent mmas per chunk
-// left the warps waiting on the tensor core (a third of fp8_mma_gemv's stall samples, ncu). Chunks
+// left the warps waiting on the tensor core (a third of the FP8 mma_gemv_kernel's stall samples, ncu). Chunks
 // at or past `end` are zero and skipped; a chunk lies in one scale block (block_cols % 64 == 0).
 template <int kU, bool kF16, typename LoadX>
 __device__ __forceinline__ void fp8_round_mma(const uint4 (&r0)[kU], const uint4 (&r1)[kU], int64_t kb, int64_t end,
@@ -249,6 +258,28 @@ __device__ __forceinline__ void fp8_round_mma(const uint4 (&r0)[kU], const uint4
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[u][i], s, acc[i]);
     }
+}
+
+// acc[u] += A_u · X_u over one round of kU bf16 chunks (32 columns each, rows g and g + 8 of a
+// 16-row tile in r0 / r1) at columns kb + 32u: the loaded words are the A fragments as they are.
+// One accumulator per chunk keeps the chunks' mma chains independent. Chunks at or past `end`
+// hold zero weights and get zero activations.
+template <int kU, typename LoadX>
+__device__ __forceinline__ void bf16_round_mma(const uint4 (&r0)[kU], const uint4 (&r1)[kU], int64_t kb, int64_t end,
+                                               int c, const LoadX& load_x, float (&acc)[kU][4]) {
+    constexpr int kChunk = 32;
+    AFrag<false> f[kU];
+    uint32_t xw[kU][8];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+        const int64_t col = kb + u * kChunk + c * 8;
+        f[u].set(r0[u], r1[u]);
+        load_x(xw[u], col, col < end);
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int u = 0; u < kU; ++u) f[u].mma_step(acc[u], m, xw[u]);
 }
 
 // Streams the rounds at kb = begin, begin + step, ... < end: load_round(w, kb) issues a round's

@@ -484,9 +484,11 @@ OpCase add_rmsnorm_matmul_case(int64_t rows, int64_t K, int64_t N, DType w_dtype
                      });
 }
 
-// MiMo-V2-Flash decode matmuls [N, K]: q, k (SWA / GA), v (SWA / GA), o, dense gate_up, down.
-constexpr std::pair<int64_t, int64_t> kDecodeMatmuls[] = {{12288, 4096}, {1536, 4096}, {768, 4096}, {1024, 4096},
-                                                          {512, 4096},   {4096, 8192}, {32768, 4096}, {4096, 16384}};
+// MiMo-V2-Flash decode matmuls [N, K]: q, k (SWA / GA), v (SWA / GA), o, dense gate_up, down, and
+// a sliding layer's fused q|k|v.
+constexpr std::pair<int64_t, int64_t> kDecodeMatmuls[] = {{12288, 4096}, {1536, 4096},  {768, 4096},
+                                                          {1024, 4096},  {512, 4096},   {4096, 8192},
+                                                          {32768, 4096}, {4096, 16384}, {14848, 4096}};
 
 // Correctness (XINFER_OPS_TEST_DECODE_MATMULS=1): those shapes at T = 1, 3, 8 in bf16 and fp8 (128×128 blocks; k 768 also as the GA
 // layer's grid restarting every 192-row head shard), partial blocks, 48- and 100-column blocks,
@@ -504,7 +506,7 @@ void add_decode_matmul_cases(std::vector<OpCase>& cases, uint32_t& seed) {
     cases.push_back(matmul_fp8_case(5, 1000, 4160, 128, 128, 5, false, ++seed));  // 200-row shards, partial blocks
     cases.push_back(matmul_fp8_case(3, 512, 4096, 128, 48, 1, false, ++seed));
     cases.push_back(matmul_fp8_case(2, 300, 4000, 128, 100, 1, false, ++seed));   // a chunk straddles two scales
-    // FP8 GEMVs with enough rows for the tensor-core path on cuda (gemm.cu fp8_mma_gemv_kernel:
+    // FP8 GEMVs with enough rows for the tensor-core path on cuda (gemm.cu mma_gemv_kernel:
     // ≥ 64 rows per SM): a partial last tile and 64-column chunk, 64-column blocks, 1 to 8 tokens,
     // and a scale grid restarting every 2,176-row shard.
     for (int T : {1, 5, 8}) cases.push_back(matmul_fp8_case(T, 8464, 1104, 128, 128, 1, false, ++seed));
