@@ -231,6 +231,8 @@ int context_create(int device, void** out) {
     if (err == cudaSuccess) err = cudaGetDeviceProperties(&prop, device);
     if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (err == cudaSuccess) err = cudaMalloc(&c->lt_workspace, kLtWorkspaceBytes);
+    if (err == cudaSuccess) err = cudaMalloc(&c->arrivals, sizeof(int));
+    if (err == cudaSuccess) err = cudaMemset(c->arrivals, 0, sizeof(int));
     if (err != cudaSuccess) {
         context_destroy(c);  // frees what was created (the stream, the workspace)
         return err == cudaErrorMemoryAllocation ? XINFER_OUT_OF_MEMORY : XINFER_ERROR;
@@ -253,6 +255,7 @@ void context_destroy(void* p) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->lt_workspace) cudaFree(c->lt_workspace);
+    if (c->arrivals) cudaFree(c->arrivals);
     if (c->scratch) cudaFree(c->scratch);
     for (void* r : c->retired) cudaFree(r);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -378,6 +381,7 @@ int dispatch(Context* c, const xinfer_op* op, bool run) {
         case XINFER_OP_SAMPLE: return op_sample(c, op, run);
         case XINFER_OP_CONVERT: return op_convert(c, op, run);
         case XINFER_OP_ROPE_KV_STORE: return op_rope_kv_store(c, op, run);
+        case XINFER_OP_ADD_RMSNORM_MATMUL: return op_add_rmsnorm_matmul(c, op, run);
         default: return unsupported(c, op, "op type %d is not implemented", op->type);
     }
 }

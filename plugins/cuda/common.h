@@ -51,6 +51,9 @@ struct Context {
     char* scratch = nullptr;
     size_t scratch_bytes = 0;
     std::vector<void*> retired;
+    // Arrival counters of kernels whose last block finishes for the grid (gemm.cu's norm-fused
+    // router); each such kernel leaves its counter at zero.
+    int* arrivals = nullptr;
     int live_graphs = 0;
     bool capturing = false;
     std::map<GemmKey, cublasLtMatmulAlgo_t> algo_cache;
@@ -168,6 +171,7 @@ int op_add(Context* c, const xinfer_op* op, bool run);
 int op_convert(Context* c, const xinfer_op* op, bool run);
 // gemm.cu
 int op_matmul(Context* c, const xinfer_op* op, bool run);
+int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run);
 // moe_route.cu, moe.cu
 int op_moe_route(Context* c, const xinfer_op* op, bool run);
 int op_moe_experts(Context* c, const xinfer_op* op, bool run);

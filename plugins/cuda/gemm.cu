@@ -298,6 +298,18 @@ struct StreamGemv {
     int64_t scale_cols = 0, block_rows = 128, block_cols = 128, shard_rows = 0, blocks_per_shard = 0;
     bool one_scale = true;    // f8: block_cols % 16 == 0, so a 16-value chunk lies in one scale block
 };
+// The norm fused in front of the streaming GEMV (kNorm: ADD_RMSNORM_MATMUL of a router, see
+// norm_rows_to_shared): x is not read; every block computes it from these into shared memory. (A
+// separate kernel parameter after StreamGemv, so the other instances' code is unchanged.)
+struct NormArgs {
+    void* residual = nullptr;       // [rows, k] bf16, += delta in place (by the last block to arrive)
+    const void* delta = nullptr;    // [rows, k] bf16, or null (a plain RMSNORM)
+    const void* weight = nullptr;   // [k] f32 or bf16
+    int weight_dtype = XINFER_DTYPE_F32;
+    float eps = 0.f;
+    void* normed = nullptr;         // [rows, k] bf16, written by the last block to arrive
+    int* arrivals = nullptr;        // Context::arrivals: zero between launches
+};
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
     uint4 v;
@@ -307,10 +319,21 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
     return v;
 }
 
-// E consecutive x values at element offset k of row `row`, as f32.
-template <typename XT, int E>
+// E consecutive x values at element offset k of row `row`, as f32; kShared: row is in shared
+// memory (plain loads instead of the read-only path).
+template <typename XT, int E, bool kShared = false>
 __device__ __forceinline__ void load_x(const XT* row, int64_t k, float (&out)[E]) {
-    if constexpr (std::is_same_v<XT, float>) {
+    if constexpr (kShared) {
+        static_assert(std::is_same_v<XT, __nv_bfloat16> && E == 4, "shared x: the norm-fused router's bf16 rows");
+        const uint2 v = *reinterpret_cast<const uint2*>(row + k);
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float2 f = __bfloat1622float2(h[i]);
+            out[2 * i] = f.x;
+            out[2 * i + 1] = f.y;
+        }
+    } else if constexpr (std::is_same_v<XT, float>) {
 #pragma unroll
         for (int i = 0; i < E; i += 4) {
             const float4 v = __ldg(reinterpret_cast<const float4*>(row + k + i));
@@ -375,13 +398,123 @@ constexpr int stream_chunk() {
     return WT == XINFER_DTYPE_F8_E4M3 ? 16 : WT == XINFER_DTYPE_BF16 ? 8 : 4;
 }
 
+// The norm in front of a router's GEMV (ADD_RMSNORM_MATMUL, kNorm): every block normalises the
+// rows itself - residual (+ delta, rounded to bf16 as ADD_RMSNORM stores it), sum of squares,
+// bf16(v · rsqrt(mean + eps) · w) as rmsnorm_kernel computes it - into shared memory: normed_s,
+// the GEMV's x, and resid_s, the updated residual. Block-wide (synchronizes). A router is a few
+// hundred KB to 4 MB read by ≤ 256 blocks, so the prologue repeated per block costs less than the
+// launch boundary and the L2 round trip of `normed` it saves (a bandwidth-bound projection pays it
+// in front of every block's stream instead: session 13's fused q|k|v lost 4-8 µs).
+// The norm weights of a thread's first kNormFirstVecs vectors (all of them up to K = 4,096), read
+// before the PDL wait: they are constant, and read after the reduction they were one more round trip.
+constexpr int kNormFirstVecs = 2;
+struct NormWeights {
+    float w[kNormFirstVecs][8];
+};
+__device__ __forceinline__ NormWeights load_norm_first(const NormArgs& p, int64_t K) {
+    NormWeights nw;
+#pragma unroll
+    for (int v = 0; v < kNormFirstVecs; ++v) {
+        const int64_t i = threadIdx.x + int64_t(v) * blockDim.x;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) nw.w[v][e] = i < K / 8 ? load_f(p.weight, p.weight_dtype, i * 8 + e) : 0.f;
+    }
+    return nw;
+}
+__device__ void norm_rows_to_shared(const NormArgs& p, int64_t K, const NormWeights& nw, int rows,
+                                    __nv_bfloat16* normed_s, __nv_bfloat16* resid_s, float* red /*[32]*/) {
+    for (int r = 0; r < rows; ++r) {
+        const uint4* res = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.residual) + r * K);
+        const uint4* del = p.delta ? reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.delta) + r * K)
+                                   : nullptr;
+        uint4* res_s = reinterpret_cast<uint4*>(resid_s + r * K);
+        float sum_squares = 0.f;
+        const auto add = [&](int64_t i, const uint4& a, const uint4& b) {  // 8 bf16 per vector
+            const __nv_bfloat162* ah = reinterpret_cast<const __nv_bfloat162*>(&a);
+            const __nv_bfloat162* bh = reinterpret_cast<const __nv_bfloat162*>(&b);
+            uint4 v;
+            __nv_bfloat162* vh = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 fa = __bfloat1622float2(ah[e]), fb = __bfloat1622float2(bh[e]);
+                vh[e] = del ? __floats2bfloat162_rn(fa.x + fb.x, fa.y + fb.y) : ah[e];
+                const float2 fv = __bfloat1622float2(vh[e]);
+                sum_squares += fv.x * fv.x;
+                sum_squares += fv.y * fv.y;
+            }
+            res_s[i] = v;
+        };
+        // The first vectors' loads all go out before any is used (one round trip to L2).
+        uint4 a[kNormFirstVecs], b[kNormFirstVecs];
+#pragma unroll
+        for (int v = 0; v < kNormFirstVecs; ++v) {
+            const int64_t i = threadIdx.x + int64_t(v) * blockDim.x;
+            a[v] = b[v] = make_uint4(0, 0, 0, 0);
+            if (i < K / 8) {
+                a[v] = __ldcg(res + i);
+                if (del) b[v] = __ldcg(del + i);
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < kNormFirstVecs; ++v)
+            if (const int64_t i = threadIdx.x + int64_t(v) * blockDim.x; i < K / 8) add(i, a[v], b[v]);
+        for (int64_t i = threadIdx.x + int64_t(kNormFirstVecs) * blockDim.x; i < K / 8; i += blockDim.x)
+            add(i, __ldcg(res + i), del ? __ldcg(del + i) : make_uint4(0, 0, 0, 0));
+        const float inv_rms = rsqrtf(block_sum(sum_squares, red) / float(K) + p.eps);
+        // Each thread rereads only the vectors it wrote itself.
+        uint4* out_s = reinterpret_cast<uint4*>(normed_s + r * K);
+        const auto normalize = [&](int64_t i, const float (&w)[8]) {
+            const uint4 x = res_s[i];
+            const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&x);
+            uint4 o;
+            __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 f = __bfloat1622float2(xh[e]);
+                oh[e] = __floats2bfloat162_rn(f.x * inv_rms * w[2 * e], f.y * inv_rms * w[2 * e + 1]);
+            }
+            out_s[i] = o;
+        };
+#pragma unroll
+        for (int v = 0; v < kNormFirstVecs; ++v)
+            if (const int64_t i = threadIdx.x + int64_t(v) * blockDim.x; i < K / 8) normalize(i, nw.w[v]);
+        for (int64_t i = threadIdx.x + int64_t(kNormFirstVecs) * blockDim.x; i < K / 8; i += blockDim.x) {
+            float w[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) w[e] = load_f(p.weight, p.weight_dtype, i * 8 + e);
+            normalize(i, w);
+        }
+    }
+    __syncthreads();
+}
+
+// kNorm: after every block has read the residual, the last one to arrive stores the updated
+// residual (with delta) and `normed` from its shared copies and re-arms the counter; the other
+// blocks' reads are complete by then (their values are in shared memory), so no block can see a
+// residual the op already updated.
+__device__ void store_norm_if_last(const NormArgs& p, int64_t K, int rows, const __nv_bfloat16* normed_s,
+                                   const __nv_bfloat16* resid_s) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) last = atomicAdd(p.arrivals, 1) == int(gridDim.x) - 1;
+    __syncthreads();
+    if (!last) return;
+    const int64_t n = int64_t(rows) * K / 8;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        reinterpret_cast<uint4*>(p.normed)[i] = reinterpret_cast<const uint4*>(normed_s)[i];
+        if (p.delta) reinterpret_cast<uint4*>(p.residual)[i] = reinterpret_cast<const uint4*>(resid_s)[i];
+    }
+    if (threadIdx.x == 0) *p.arrivals = 0;
+}
+
 // R: rows of x per block, p.rows rounded up to 1, 2, 4 or 8 (more rows: 8 per block, grid.y groups).
 // kDepth > 0 (pipelined): a lane's rounds of U = kDepth loads are double-buffered - round r + 1 is
 // requested before round r's FMAs - and round 0 goes into registers before the PDL wait (instead of
 // an L2 prefetch, which costs a second request per line). kDepth = 0: one round of U loads at a time.
-template <int WT, typename XT, int R, int kDepth>
-__global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGemv p) {
+// kNorm: x is normalised by the block itself (norm_rows_to_shared; one group of rows, grid.y = 1).
+template <int WT, typename XT, int R, int kDepth, bool kNorm = false>
+__global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGemv p, NormArgs norm) {
     constexpr int E = stream_chunk<WT>();
+    static_assert(!kNorm || (WT == XINFER_DTYPE_F32 && std::is_same_v<XT, __nv_bfloat16> && kDepth > 0));
     constexpr bool kPipelined = kDepth > 0;
     constexpr int U = kPipelined ? kDepth : R >= 8 ? 4 : 8;  // 16-byte weight loads per lane and round
     constexpr bool kFp8 = WT == XINFER_DTYPE_F8_E4M3;
@@ -397,7 +530,8 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
     // stream_gemv_fits); rows past p.rows are dead.
     const int64_t row0 = int64_t(blockIdx.y) * R;
     const int rows = int(min(int64_t(R), p.rows - row0));
-    const XT* x = static_cast<const XT*>(p.x) + row0 * p.k;
+    extern __shared__ __align__(16) __nv_bfloat16 norm_smem[];  // kNorm: normed [rows, k], then the residual
+    const XT* x = kNorm ? reinterpret_cast<const XT*>(norm_smem) : static_cast<const XT*>(p.x) + row0 * p.k;
     const int64_t y0 = row0 * p.n;  // element offset of the group's first y row
     const char* w_row = static_cast<const char*>(p.w) + n * p.k * int64_t(16 / E);
     const int first = part * 32 + lane;  // the lane's first chunk; its rounds are `stride` apart
@@ -444,7 +578,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
             for (int j = 0; j < R; ++j) {
                 if (j >= rows) break;
                 float xv[E];
-                load_x<XT, E>(x + int64_t(j) * p.k, int64_t(c) * E, xv);
+                load_x<XT, E, kNorm>(x + int64_t(j) * p.k, int64_t(c) * E, xv);
                 float d = 0.f;
 #pragma unroll
                 for (int e = 0; e < E; ++e) d = fmaf(w[e], xv[e], d);
@@ -461,7 +595,13 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
         // (programmatic dependent launch); x only after the wait.
         uint4 cur[U], nxt[U];
         if (active) load_round(first, cur);
+        [[maybe_unused]] NormWeights nw;
+        if constexpr (kNorm) nw = load_norm_first(norm, p.k);
         pdl_begin();
+        if constexpr (kNorm) {
+            norm_rows_to_shared(norm, p.k, nw, rows, norm_smem, norm_smem + int64_t(rows) * p.k, &partial[0][0]);
+            store_norm_if_last(norm, p.k, rows, norm_smem, norm_smem + int64_t(rows) * p.k);
+        }
         if (active)
             for (int c0 = first; c0 < chunks; c0 += 2 * stride) {
                 if (c0 + stride < chunks) load_round(c0 + stride, nxt);
@@ -522,10 +662,11 @@ int gemv_pipeline_depth() {
 template <int WT, typename XT, int kDepth>
 int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
     const char* what = "stream_gemv_kernel";
-    if (p.rows <= 1) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 1, kDepth>, grid, dim3(kStreamThreads), 0, p);
-    if (p.rows <= 2) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 2, kDepth>, grid, dim3(kStreamThreads), 0, p);
-    if (p.rows <= 4) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 4, kDepth>, grid, dim3(kStreamThreads), 0, p);
-    return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 8, kDepth>, grid, dim3(kStreamThreads), 0, p);
+    const NormArgs none;
+    if (p.rows <= 1) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 1, kDepth>, grid, dim3(kStreamThreads), 0, p, none);
+    if (p.rows <= 2) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 2, kDepth>, grid, dim3(kStreamThreads), 0, p, none);
+    if (p.rows <= 4) return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 4, kDepth>, grid, dim3(kStreamThreads), 0, p, none);
+    return launch_pdl(c, what, stream_gemv_kernel<WT, XT, 8, kDepth>, grid, dim3(kStreamThreads), 0, p, none);
 }
 
 template <int WT, typename XT>
@@ -770,6 +911,22 @@ int stream_gemv_split(const Context* c, int64_t n, int64_t k, int w_dtype) {
     while (split < kStreamWarps && ceil_div(n, kStreamWarps / split) < target_blocks && chunks >= 64 * split)
         split *= 2;
     return split;
+}
+
+// The norm-fused router GEMV (kNorm): one group of ≤ kGemvMaxRows rows whose normed and updated
+// residual (4 bytes per element) fit kNormRouterMaxSmem, the default pipeline (rounds of 2).
+constexpr size_t kNormRouterMaxSmem = 48 * 1024;
+int launch_norm_stream_gemv(Context* c, StreamGemv p, const NormArgs& n) {
+    constexpr int f32 = XINFER_DTYPE_F32;
+    using bf16 = __nv_bfloat16;
+    p.split = stream_gemv_split(c, p.n, p.k, f32);
+    const dim3 grid(unsigned(ceil_div(p.n, kStreamWarps / p.split))), block(kStreamThreads);
+    const size_t smem = size_t(p.rows) * size_t(p.k) * 4;
+    const char* what = "stream_gemv_kernel(norm)";
+    if (p.rows <= 1) return launch_pdl(c, what, stream_gemv_kernel<f32, bf16, 1, 2, true>, grid, block, smem, p, n);
+    if (p.rows <= 2) return launch_pdl(c, what, stream_gemv_kernel<f32, bf16, 2, 2, true>, grid, block, smem, p, n);
+    if (p.rows <= 4) return launch_pdl(c, what, stream_gemv_kernel<f32, bf16, 4, 2, true>, grid, block, smem, p, n);
+    return launch_pdl(c, what, stream_gemv_kernel<f32, bf16, 8, 2, true>, grid, block, smem, p, n);
 }
 
 int launch_stream_gemv(Context* c, StreamGemv p, int w_dtype, int x_dtype) {
@@ -1139,6 +1296,52 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
         if (gemv_fits(v)) return launch_gemv(c, v);
     }
     return launch_grouped_gemm(c, g, 0);
+}
+
+// ADD_RMSNORM_MATMUL, for a MoE router's shape only: f32 weights (no scales), bf16 residual, x and
+// normed, f32 logits, ≤ 8 rows within kNormRouterMaxSmem, K % 8 == 0 — the norm runs inside the
+// router's streaming GEMV (norm_rows_to_shared), one launch instead of two. Anything else answers
+// unsupported and xinfer runs ADD_RMSNORM (or RMSNORM) and MATMUL. XINFER_CUDA_NORM_ROUTER=0: never
+// (A/B). H200: docs/perf/2026-12-01-h200-session17.md.
+int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run) {
+    const xinfer_tensor &residual = op->src[0], &x = op->src[1], &norm_w = op->src[2], &w = op->src[3],
+                        &w_scale = op->src[4], &y = op->dst[0], &normed = op->dst[1];
+    static const bool enabled = env_flag("XINFER_CUDA_NORM_ROUTER", true);
+    if (!enabled) return unsupported(c, op, "the norm-fused router GEMV is off (XINFER_CUDA_NORM_ROUTER=0)");
+    constexpr int bf16 = XINFER_DTYPE_BF16, f32 = XINFER_DTYPE_F32;
+    const int64_t R = rows_of(residual), K = cols_of(residual);
+    const bool with_x = !absent(x);
+    const auto same_shape = [&](const xinfer_tensor& t) { return rows_of(t) == R && cols_of(t) == K; };
+    const bool shapes_ok = w.rank == 2 && w.shape[1] == K && absent(w_scale) && same_shape(normed) &&
+                           (!with_x || same_shape(x)) && norm_w.rank == 1 && norm_w.shape[0] == K &&
+                           w.shape[0] >= 1 && rows_of(y) == R && cols_of(y) == w.shape[0];
+    const bool dtypes_ok = w.dtype == f32 && residual.dtype == bf16 && normed.dtype == bf16 &&
+                           (!with_x || x.dtype == bf16) && (norm_w.dtype == f32 || norm_w.dtype == bf16) &&
+                           y.dtype == f32;
+    const bool aligned = pointer_alignment(residual.data) >= 16 && pointer_alignment(normed.data) >= 16 &&
+                         (!with_x || pointer_alignment(x.data) >= 16) && pointer_alignment(w.data) >= 16;
+    if (!shapes_ok || !dtypes_ok || !aligned || K % 8 != 0 || R > kGemvMaxRows ||
+        size_t(R) * size_t(K) * 4 > kNormRouterMaxSmem ||
+        gemv_pipeline_depth() != 2)
+        return unsupported(c, op, "only a router's shape is fused (f32 w, bf16 activations, f32 y, R·K ≤ %zu); "
+                           "xinfer runs the norm and the matmul", kNormRouterMaxSmem / 4);
+    if (!run || R == 0) return XINFER_OK;
+    StreamGemv p;
+    p.w = w.data;
+    p.y = y.data;
+    p.y_dtype = f32;
+    p.rows = int(R);
+    p.n = w.shape[0];
+    p.k = K;
+    NormArgs n;
+    n.residual = residual.data;
+    n.delta = with_x ? x.data : nullptr;
+    n.weight = norm_w.data;
+    n.weight_dtype = norm_w.dtype;
+    n.eps = op->params.norm_matmul.eps;
+    n.normed = normed.data;
+    n.arrivals = c->arrivals;
+    return launch_norm_stream_gemv(c, p, n);
 }
 
 }  // namespace xcuda

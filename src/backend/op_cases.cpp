@@ -887,6 +887,11 @@ std::vector<OpCase> correctness_cases() {
         for (bool with_x : {true, false}) cases.push_back(add_rmsnorm_matmul_case(rows, K, 1280, bf16, with_x, ++seed));
         cases.push_back(add_rmsnorm_matmul_case(rows, K, 8, f32, true, ++seed));
     }
+    // Routers of 256 experts (the real model's; on cuda one block per expert, each normalising the
+    // row, the last to arrive storing the residual) and a plain RMSNORM in front of one.
+    cases.push_back(add_rmsnorm_matmul_case(1, 4096, 256, f32, true, ++seed));
+    cases.push_back(add_rmsnorm_matmul_case(2, 1032, 40, f32, false, ++seed));
+    for (int rows : {5, 12}) cases.push_back(add_rmsnorm_matmul_case(rows, 256, 8, f32, true, ++seed));  // 8-row instance; 9+ rows unfused
     // The real decode shapes (up to 134M-weight matrices, fp8 dense weights the CPU does not take)
     // only when asked: XINFER_OPS_TEST_DECODE_MATMULS=1 (scripts/gpu-gemv.sh sets it).
     if (const char* v = std::getenv("XINFER_OPS_TEST_DECODE_MATMULS"); v && std::strcmp(v, "1") == 0)
