@@ -323,17 +323,8 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
 // memory (plain loads instead of the read-only path).
 template <typename XT, int E, bool kShared = false>
 __device__ __forceinline__ void load_x(const XT* row, int64_t k, float (&out)[E]) {
-    if constexpr (kShared) {
-        static_assert(std::is_same_v<XT, __nv_bfloat16> && E == 4, "shared x: the norm-fused router's bf16 rows");
-        const uint2 v = *reinterpret_cast<const uint2*>(row + k);
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const float2 f = __bfloat1622float2(h[i]);
-            out[2 * i] = f.x;
-            out[2 * i + 1] = f.y;
-        }
-    } else if constexpr (std::is_same_v<XT, float>) {
+    static_assert(!kShared || (std::is_same_v<XT, __nv_bfloat16> && E == 4), "shared x: the norm-fused router's");
+    if constexpr (std::is_same_v<XT, float>) {
 #pragma unroll
         for (int i = 0; i < E; i += 4) {
             const float4 v = __ldg(reinterpret_cast<const float4*>(row + k + i));
@@ -343,7 +334,8 @@ __device__ __forceinline__ void load_x(const XT* row, int64_t k, float (&out)[E]
             out[i + 3] = v.w;
         }
     } else if constexpr (E == 4) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + k));
+        const uint2* p = reinterpret_cast<const uint2*>(row + k);
+        const uint2 v = kShared ? *p : __ldg(p);
         const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
