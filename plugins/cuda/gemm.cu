@@ -695,9 +695,10 @@ int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
 // [14848, 4096] 33.6 -> 20.0 µs (71% of copy), [32768, 4096] 62.1 -> 40.3 µs (78%).
 // bf16 weights (session 17) take the same stream with no widening at all: a lane's 16-byte words
 // are its A fragments as loaded (AFrag<false>), ~30 instructions per 2 KB round against the
-// streaming GEMV's ~20 per 16 bytes, and T ≤ 8 tokens cost one mma each like T = 1. Blocks of
-// 8 / parts tiles: parts (1, 2, 4 or 8 warps per tile) grows until the grid covers the SMs, so
-// MiMo's o_proj [4096, 8192] (256 tiles) runs 256 blocks of one tile in eight parts.
+// streaming GEMV's ~20 per 16 bytes, and T ≤ 8 tokens cost one mma each like T = 1. A bf16 block
+// is one tile whose 8 warps take every 8th round (the fused q|k|v [14848, 4096] read 33 µs so
+// against 41 with two warps per tile); FP8 keeps two (its rows are half as many bytes: with 8
+// parts the FP8 q|k|v took 29 µs against 18).
 constexpr int kMmaGemvWarps = 8;
 constexpr int kMmaGemvU = 2;     // 64-byte chunks of each of the tile's rows per round
 constexpr int kMmaGemvRing = 4;  // ring slots (rounds) per warp
@@ -711,7 +712,7 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
     static_assert(kFp8 || !kF16, "the f16 mma is for e4m3 weights");
     // [warps][kMmaGemvRing][2 · kMmaGemvU][32], then (kF16) x as f16 [rows, K]
     extern __shared__ __align__(16) uint4 mma_ring[];
-    __shared__ float partial[kMmaGemvWarps][4][32];  // parts ≥ 1's sums
+    __shared__ float partial[kMmaGemvWarps][4][32];  // the sums of parts 1.., added by part 0
     __shared__ float x_inv[kGemvMaxRows];            // kF16: the rows' scales
     __shared__ int x_max[kGemvMaxRows];              // kF16: stage_act_f16's scratch
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, c = lane % 4;
@@ -826,7 +827,8 @@ bool bf16_mma_gemv_fits(int64_t T, int64_t N, int64_t K, bool x_aligned, const v
            pointer_alignment(w) >= 16;
 }
 
-// XINFER_CUDA_FP8_EARLY_RING=0: only an L2 prefetch of the first rounds before the PDL wait.
+// XINFER_CUDA_FP8_EARLY_RING=0 (either weight type): only an L2 prefetch of the first rounds before
+// the PDL wait.
 // x as f16 in shared memory (the f16 mma) when it takes at most kFp8MmaF16MaxBytes (two blocks
 // still fit per SM) and XINFER_CUDA_FP8_F16_MMA has bit kF16MmaGemv; else the bf16 mma.
 constexpr size_t kFp8MmaF16MaxBytes = 16 * 1024;
@@ -1313,10 +1315,10 @@ int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run) {
     const bool aligned = pointer_alignment(residual.data) >= 16 && pointer_alignment(normed.data) >= 16 &&
                          (!with_x || pointer_alignment(x.data) >= 16) && pointer_alignment(w.data) >= 16;
     if (!shapes_ok || !dtypes_ok || !aligned || K % 8 != 0 || R > kGemvMaxRows ||
-        size_t(R) * size_t(K) * 4 > kNormRouterMaxSmem ||
-        gemv_pipeline_depth() != 2)
-        return unsupported(c, op, "only a router's shape is fused (f32 w, bf16 activations, f32 y, R·K ≤ %zu); "
-                           "xinfer runs the norm and the matmul", kNormRouterMaxSmem / 4);
+        size_t(R) * size_t(K) * 4 > kNormRouterMaxSmem || gemv_pipeline_depth() != 2)
+        return unsupported(c, op, "only a router's shape is fused (f32 w, bf16 activations, f32 y, ≤ %d rows, "
+                           "rows·K ≤ %zu, the default GEMV pipeline); xinfer runs the norm and the matmul",
+                           kGemvMaxRows, kNormRouterMaxSmem / 4);
     if (!run || R == 0) return XINFER_OK;
     StreamGemv p;
     p.w = w.data;
