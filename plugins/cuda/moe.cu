@@ -431,14 +431,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
 #pragma unroll
             for (int r = 0; r < 4; ++r) ag[nt][r] = au[nt][r] = 0.f;
 
-        const auto load_round = [&](Round& w, int64_t kb) {
-            uint4* wv = reinterpret_cast<uint4*>(&w);
-#pragma unroll
-            for (int m = 0; m < 4 * kU; ++m) {
-                const char* p = src(m, kb);
-                wv[m] = p ? load_stream16(p) : make_uint4(0, 0, 0, 0);
-            }
-        };
+        const auto load_round = [&](Round& w, int64_t kb) { load_round_regs(w, src, kb); };
         const auto use_round = [&](const Round& w, int64_t kb) {
 #pragma unroll
             for (int u = 0; u < kU; ++u) {
@@ -604,14 +597,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
             for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
                 for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
-            const auto load_round = [&](Round& w, int64_t kb) {
-                uint4* wv = reinterpret_cast<uint4*>(&w);
-#pragma unroll
-                for (int m = 0; m < 2 * kU; ++m) {
-                    const char* p = src(m, kb);
-                    wv[m] = p ? load_stream16(p) : make_uint4(0, 0, 0, 0);
-                }
-            };
+            const auto load_round = [&](Round& w, int64_t kb) { load_round_regs(w, src, kb); };
             // One fp8 token tile: the round's chunks as interleaved mma chains (fp8_round_mma).
             const auto use_round_fp8 = [&](const Round& w, int64_t kb) {
                 const auto load_h = [&](uint32_t(&xw)[8], int64_t col, bool ok) {

@@ -282,6 +282,19 @@ __device__ __forceinline__ void bf16_round_mma(const uint4 (&r0)[kU], const uint
         for (int u = 0; u < kU; ++u) f[u].mma_step(acc[u], m, xw[u]);
 }
 
+// The register path's load_round: a Round of 16-byte loads (load m from src(m, kb), zero where
+// src gives null) into registers.
+template <typename Round, typename Src>
+__device__ __forceinline__ void load_round_regs(Round& w, const Src& src, int64_t kb) {
+    static_assert(sizeof(Round) % 16 == 0, "a round is 16-byte loads");
+    uint4* wv = reinterpret_cast<uint4*>(&w);
+#pragma unroll
+    for (int m = 0; m < int(sizeof(Round) / 16); ++m) {
+        const char* p = src(m, kb);
+        wv[m] = p ? load_stream16(p) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // Streams the rounds at kb = begin, begin + step, ... < end: load_round(w, kb) issues a round's
 // weight loads into registers, use_round(w, kb) consumes them. kPipe: the next round's loads are
 // issued before the current round is used (two register sets of half the size), so a warp always
