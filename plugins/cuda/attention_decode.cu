@@ -50,7 +50,6 @@ constexpr int kTileKeys = 64;   // keys per shared-memory tile
 constexpr int kMaxWarps = 8;    // blocks have 4 warps, or 8 for 16-row tiles (see the kernel)
 constexpr int kMaxDv = 128;     // O lives in registers: dv_pad / 8 n-tiles of 4 floats
 constexpr int kMaxDk = 256;
-constexpr int kMaxSplits = 128;  // key-range splits per (row tile, KV head): the combine's capacity
 
 // Shared memory (bytes): Q [64][ldk], two stages of K [64][ldk] and V [64][ldv] (bf16; rows
 // padded by 8 elements so ldmatrix's 8 row addresses fall in different banks), token ranges.
@@ -532,7 +531,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
                                     const float* sinks /*[nq] or null*/, int n_split, int64_t n_rows, int nq, int dv,
                                     void* out /*[rows, dv]*/, int out_dtype) {
     pdl_begin();
-    __shared__ float weight[kMaxSplits];               // exp2(m_z - M) / denominator
+    __shared__ float weight[kMaxDecodeSplits];         // exp2(m_z - M) / denominator
     __shared__ float partial[kCombineWarps][kMaxDv];   // each warp's weighted sum over its splits
     const int64_t R = blockIdx.x;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -548,7 +547,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
         }
     }
     if (warp == 0) {
-        constexpr int kPerLane = kMaxSplits / 32;
+        constexpr int kPerLane = kMaxDecodeSplits / 32;
         float m[kPerLane], l[kPerLane], M = -INFINITY;
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) {
@@ -616,9 +615,9 @@ bool window_one_block_enabled() {
     return enabled;
 }
 
-// The most splits a key range is cut into (XINFER_CUDA_ATTN_MAX_SPLITS, 1..kMaxSplits; A/B).
+// The most splits a key range is cut into (XINFER_CUDA_ATTN_MAX_SPLITS, 1..kMaxDecodeSplits; A/B).
 int64_t max_splits() {
-    static const int64_t n = std::clamp<int64_t>(env_int("XINFER_CUDA_ATTN_MAX_SPLITS", 64), 1, kMaxSplits);
+    static const int64_t n = std::clamp<int64_t>(env_int("XINFER_CUDA_ATTN_MAX_SPLITS", 64), 1, kMaxDecodeSplits);
     return n;
 }
 
@@ -661,7 +660,34 @@ void (*decode_kernel_for(bool bf16, int dk, int dv))(DecodeArgs) {
     return bf16 ? attention_decode_kernel<true, kWarps> : attention_decode_kernel<false, kWarps>;
 }
 
+// The combine of a.n_split > 1 partials into the output (nothing for one split).
+int launch_combine(Context* c, const DecodeArgs& a) {
+    if (a.n_split <= 1) return XINFER_OK;
+    const int combine_warps = std::min(a.n_split, kCombineWarps);
+    const int per_warp = int(ceil_div(a.n_split, combine_warps));
+    const auto combine = per_warp <= 1   ? attention_decode_combine_kernel<1>
+                         : per_warp <= 2 ? attention_decode_combine_kernel<2>
+                         : per_warp <= 4 ? attention_decode_combine_kernel<4>
+                         : per_warp <= 8 ? attention_decode_combine_kernel<8>
+                                         : attention_decode_combine_kernel<kMaxDecodeSplits / kCombineWarps>;
+    return launch_pdl(c, "attention_decode_combine_kernel", combine, dim3(unsigned(a.T * a.nq)),
+                      dim3(combine_warps * 32), 0, static_cast<const float*>(a.part_o),
+                      static_cast<const float*>(a.part_ml), a.sinks, a.n_split, a.T * a.nq, a.nq, a.dv, a.out,
+                      a.out_dtype);
+}
+
 }  // namespace
+
+int decode_partials(Context* c, DecodeArgs& a) {
+    if (a.n_split <= 1) return XINFER_OK;
+    ScratchPlan plan;
+    const size_t off_o = plan.add(size_t(a.n_split) * size_t(a.T * a.nq * a.dv) * 4);
+    const size_t off_ml = plan.add(size_t(a.n_split) * size_t(a.T * a.nq) * 8);
+    if (int rc = ensure_scratch(c, plan.total)) return rc;
+    a.part_o = reinterpret_cast<float*>(c->scratch + off_o);
+    a.part_ml = reinterpret_cast<float*>(c->scratch + off_ml);
+    return XINFER_OK;
+}
 
 // Called by op_attention (attention.cu) after it validated the op. Returns XINFER_UNSUPPORTED,
 // without an error message, for shapes this kernel does not take (prefill-shaped batches, fp8
@@ -749,13 +775,18 @@ int attention_decode(Context* c, const xinfer_op* op) {
     // Row tiles: Σ_s ceil(q_len_s · G / tile_rows) ≤ ceil(T · G / tile_rows) + n_seqs (an upper
     // bound; blocks past the real tiles exit at once).
     const int64_t row_tiles = ceil_div(T * a.group, a.tile_rows) + b.n_seqs;
+    const int64_t est_blocks = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, a.tile_rows)) * nkv;
+    // Decode-shaped batches of MiMo's and Qwen3's bf16 heads: per-warp key streams (attention_stream.cu).
+    if (bf16 && k_cache.rank == 4 && v_cache.rank == 4 && k_cache.shape[0] == v_cache.shape[0]) {
+        const int rc = attention_stream(c, a, k_cache.shape[0], key_span, est_blocks, row_tiles);
+        if (rc != XINFER_UNSUPPORTED) return rc != XINFER_OK ? rc : launch_combine(c, a);
+    }
     // n_split from host-known bounds: enough blocks for ~2 waves of 2 blocks per SM, each split at
     // least min_split_tiles tiles and at most max_splits() splits, so the partials and the combine stay
     // small next to the keys read. Measured on H200 (ops-test --perf): 4 tiles rather than 2 took
     // batched sliding-window decode (32 seqs, window 128) from 48 to 28 µs and serving at
     // concurrency 32 from 68.8% to 71.1% of its roofline; the 64-split cap took a 32K-key decode
     // from 122 to 76 µs, where 4K keys (17 splits) stayed at 40 µs.
-    const int64_t est_blocks = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, a.tile_rows)) * nkv;
     // With fewer than 64 (sequence, KV head) blocks (batch-1 decode, verification) a block is a
     // latency chain, so splits go down to two tiles each: MiMo batch 1 on H200, sliding layer
     // 15.4 -> 9.2 + 4.5 (combine) µs with one-tile splits (session 8, 4-warp blocks); with 8-warp
@@ -773,36 +804,16 @@ int attention_decode(Context* c, const xinfer_op* op) {
     const int n_split = int(std::clamp<int64_t>(
         std::min({ceil_div(target, std::max<int64_t>(est_blocks, 1)), ceil_div(key_span, min_split_tiles * kTileKeys),
                   max_splits()}),
-        1, int64_t(kMaxSplits)));
+        1, int64_t(kMaxDecodeSplits)));
     a.n_split = n_split;
-    if (n_split > 1) {
-        ScratchPlan plan;
-        const size_t off_o = plan.add(size_t(n_split) * size_t(T * nq * dv) * 4);
-        const size_t off_ml = plan.add(size_t(n_split) * size_t(T * nq) * 8);
-        if (int rc = ensure_scratch(c, plan.total)) return rc;
-        a.part_o = reinterpret_cast<float*>(c->scratch + off_o);
-        a.part_ml = reinterpret_cast<float*>(c->scratch + off_ml);
-    }
+    if (int rc = decode_partials(c, a)) return rc;
     const auto kernel = warps == 8 ? decode_kernel_for<8>(bf16, dk, dv) : decode_kernel_for<4>(bf16, dk, dv);
     if (L.total > 48 * 1024)
         XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
     const dim3 grid{unsigned(row_tiles), unsigned(nkv), unsigned(n_split)};
     if (int rc = launch_pdl(c, "attention_decode_kernel", kernel, grid, dim3(warps * 32), size_t(L.total), a))
         return rc;
-    if (n_split > 1) {
-        const int combine_warps = std::min(n_split, kCombineWarps);
-        const int per_warp = int(ceil_div(n_split, combine_warps));
-        const auto combine = per_warp <= 1   ? attention_decode_combine_kernel<1>
-                             : per_warp <= 2 ? attention_decode_combine_kernel<2>
-                             : per_warp <= 4 ? attention_decode_combine_kernel<4>
-                             : per_warp <= 8 ? attention_decode_combine_kernel<8>
-                                             : attention_decode_combine_kernel<kMaxSplits / kCombineWarps>;
-        return launch_pdl(c, "attention_decode_combine_kernel", combine, dim3(unsigned(T * nq)),
-                          dim3(combine_warps * 32), 0, static_cast<const float*>(a.part_o),
-                          static_cast<const float*>(a.part_ml), a.sinks, n_split, T * nq, nq, dv, out.data,
-                          out.dtype);
-    }
-    return XINFER_OK;
+    return launch_combine(c, a);
 }
 
 }  // namespace xcuda

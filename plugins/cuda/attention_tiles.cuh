@@ -30,6 +30,20 @@ struct DecodeArgs : AttnArgs {
 constexpr int kPrefillRows = 192;
 int attention_prefill(Context* c, const DecodeArgs& a);
 
+// Key-range splits per (row tile, KV head) block at most: the capacity of attention_decode.cu's
+// combine kernel, which merges the splits' partials.
+constexpr int kMaxDecodeSplits = 128;
+// Points a.part_o / a.part_ml into the scratch buffer for a.n_split partials (nothing when
+// n_split is 1) (attention_decode.cu).
+int decode_partials(Context* c, DecodeArgs& a);
+// Launches attention_stream_kernel (attention_stream.cu) for a decode-shaped batch (a.tile_rows
+// = 16) of bf16 heads with fixed dims over 16-token pages, choosing a.n_split; XINFER_UNSUPPORTED
+// when it does not take the batch. The caller launches the combine when a.n_split > 1.
+// cache_pages: the caches' pages (their shape[0]); key_span: the keys a block may walk at most;
+// est_blocks: (row tile, KV head) blocks; row_tiles: the grid's x (an upper bound).
+int attention_stream(Context* c, DecodeArgs& a, int64_t cache_pages, int64_t key_span, int64_t est_blocks,
+                     int64_t row_tiles);
+
 namespace {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }

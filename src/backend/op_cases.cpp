@@ -789,6 +789,15 @@ std::vector<OpCase> correctness_cases() {
     attention({.label = "odd page", .q_lens = {3, 1}, .kv_lens = {60, 45}, .n_q = 8, .n_kv = 1, .dk = 192, .dv = 128,
                .window = 20, .sinks = true, .page_size = 7});
     attention({.label = "long decode", .q_lens = {1, 1}, .kv_lens = {2048, 1500}, .n_q = 16, .n_kv = 1, .dk = 192, .dv = 128});
+    // Decode-shaped batches (cuda: per-warp key streams, attention_stream.cu): a pooled cache with
+    // padded pages, sinks and a two-token row tile; a sliding window with sinks at GQA 16; Qwen3's
+    // 128/128 heads at GQA 4 over several splits.
+    attention({.label = "decode pool", .q_lens = {1, 1, 2}, .kv_lens = {700, 1, 333}, .n_q = 16, .n_kv = 2, .dk = 192,
+               .dv = 128, .sinks = true, .pool_layers = 3, .layer = 1, .pad = 8});
+    attention({.label = "decode sliding", .q_lens = {1, 1}, .kv_lens = {500, 90}, .n_q = 32, .n_kv = 2, .dk = 192,
+               .dv = 128, .window = 128, .sinks = true});
+    attention({.label = "decode qwen", .q_lens = {1, 1, 1}, .kv_lens = {1000, 17, 260}, .n_q = 16, .n_kv = 4, .dk = 128,
+               .dv = 128});
     // Prefill chunks over cached prefixes (several 128-row tiles per sequence, GQA 16 and 1).
     attention({.label = "prefill chunks", .q_lens = {200, 77}, .kv_lens = {456, 77}, .n_q = 32, .n_kv = 2, .dk = 192,
                .dv = 128, .window = 128, .sinks = true});
