@@ -107,6 +107,12 @@ if [ $engine = 1 ]; then
             # The split-KV kernel runs nearly every attention; the flash kernel it replaced stays the
             # path for FP8 caches and wide heads, so it is checked on the whole attention grid too.
             ops_test_with XINFER_CUDA_DECODE_ATTENTION=0 ops-test-flash-attention.log "flash kernel" --op attention
+            # Decode-shaped batches of 192/128 and 128/128 heads run on per-warp key streams
+            # (attention_stream.cu); the split-KV kernel they replaced and both block sizes of the
+            # streams are checked on the whole grid too.
+            ops_test_with XINFER_CUDA_ATTN_STREAM=0 ops-test-split-kv-attention.log "split-KV kernel" --op attention
+            ops_test_with XINFER_CUDA_ATTN_STREAM=4 ops-test-stream4-attention.log "4-warp streams" --op attention
+            ops_test_with XINFER_CUDA_ATTN_STREAM=8 ops-test-stream8-attention.log "8-warp streams" --op attention
             # The prefill kernel (192-row tiles) takes long query tiles only; here it takes every
             # bf16 192/128 and 128/128 case of the grid (decode, sliding, sinks, non-causal, pages).
             ops_test_with XINFER_CUDA_ATTN_PREFILL=all ops-test-prefill-attention.log "prefill kernel" --op attention
