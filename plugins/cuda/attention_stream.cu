@@ -263,43 +263,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
             for (int n = 0; n < 2; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sc[n][e] += sc_odd[n][e];
-            // Scale to log2 units, mask (only tiles some row does not see whole), online softmax
-            // per row (a row's scores are spread over the 4 lanes of a quad).
+            // Scale to log2 units, mask (only tiles some row does not see whole), online softmax per row.
             bool whole = true;
 #pragma unroll
             for (int h = 0; h < 2; ++h) whole &= lo_r[h] <= j0 && j0 + kKeys - 1 <= hi_r[h];
             whole = __all_sync(0xffffffffu, whole);
             float corr[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < 2; ++n)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int j = j0 + n * 8 + 2 * tid4 + e;
-                        float v = sc[n][2 * h + e] * a.scale_log2;
-                        if (!whole && (j < lo_r[h] || j > hi_r[h])) v = -INFINITY;
-                        sc[n][2 * h + e] = v;
-                        mx = fmaxf(mx, v);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m_r[h], mx);
-                const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                corr[h] = fast_exp2(m_r[h] - m_use);
-                m_r[h] = m_new;
-                float sum = 0.f;
-#pragma unroll
-                for (int n = 0; n < 2; ++n)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float p = fast_exp2(sc[n][2 * h + e] - m_use);
-                        sc[n][2 * h + e] = p;
-                        sum += p;
-                    }
-                l_r[h] = l_r[h] * corr[h] + sum;
-            }
+            online_softmax_step(sc, j0, tid4, a.scale_log2, whole, lo_r, hi_r, m_r, l_r, corr);
             rescale_rows(o, corr);
             // O[16 rows, dv] += P[16 rows, 16 keys] · V[16 keys, dv]; P from the S accumulators.
             const uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]),

@@ -110,6 +110,47 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kN][4], const float (&co
             o[j][3] *= corr[1];
         }
 }
+// One online-softmax step of a warp's 16 rows over the kN·8 keys from j0 of an S accumulator
+// (m16n8 tiles n: this thread's row gid in accumulators 0, 1 and row gid + 8 in 2, 3, keys
+// j0 + 8n + 2·tid4 + e; a row's scores are spread over the 4 lanes of a quad): scale to log2 units,
+// mask keys outside the thread's rows' [lo, hi] unless the step is `whole` (every row sees every
+// key), update the running max m and sum l, and leave the probabilities in sc and each row's O
+// correction factor in corr.
+template <int kN>
+__device__ __forceinline__ void online_softmax_step(float (&sc)[kN][4], int j0, int tid4, float scale_log2, bool whole,
+                                                    const int (&lo)[2], const int (&hi)[2], float (&m)[2], float (&l)[2],
+                                                    float (&corr)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kN; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int j = j0 + n * 8 + 2 * tid4 + e;
+                float v = sc[n][2 * h + e] * scale_log2;
+                if (!whole && (j < lo[h] || j > hi[h])) v = -INFINITY;
+                sc[n][2 * h + e] = v;
+                mx = fmaxf(mx, v);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[h], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        corr[h] = fast_exp2(m[h] - m_use);
+        m[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < kN; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float p = fast_exp2(sc[n][2 * h + e] - m_use);
+                sc[n][2 * h + e] = p;
+                sum += p;
+            }
+        l[h] = l[h] * corr[h] + sum;
+    }
+}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
