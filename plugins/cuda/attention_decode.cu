@@ -429,20 +429,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
             l += ml_s[(w * 16 + rr) * 2 + 1] * f;
             fac[tid * kFactors + p] = f;
         }
-        if (a.n_split == 1) {
-            float alpha = 1.f, denom = l;
-            if (a.sinks) {
-                const int head = g * G + int((row0 + tid) % G);
-                const float sink = a.sinks[head] * kLog2e;
-                const float Ms = fmaxf(M, sink);
-                alpha = M == -INFINITY ? 0.f : exp2f(M - Ms);
-                denom = l * alpha + exp2f(sink - Ms);
-            }
-            fac[tid * kFactors + kScale] = denom == 0.f ? 0.f : alpha / denom;
-        } else {
-            fac[tid * kFactors + kScale] = M;
-            fac[tid * kFactors + kScale + 1] = l;
-        }
+        finish_row(a, g, row0 + tid, M, l, fac + tid * kFactors + kScale);
     }
     __syncthreads();
     // A warp per row, lanes over dv: the row's indices are computed once per row, not per element
@@ -466,15 +453,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
                 acc.z += o.z * f[p];
                 acc.w += o.w * f[p];
             }
-            if (a.n_split == 1) {
-                const float scale = f[kScale];
-                const __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x * scale, acc.y * scale),
-                                             __floats2bfloat162_rn(acc.z * scale, acc.w * scale)};
-                *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(a.out) + R * dv + d) =
-                    *reinterpret_cast<const uint2*>(v);
-            } else {
-                *reinterpret_cast<float4*>(a.part_o + P * dv + d) = acc;
-            }
+            store_out4(a, R, P, dv, d, acc, f[kScale]);
         } else {
             for (int d = lane; d < dv; d += 32) {
                 float acc = 0.f;

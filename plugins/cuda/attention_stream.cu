@@ -320,19 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
             l += ml_s[(w * kTileRows + tid) * 2 + 1] * f;
             fac[tid * kFac + w] = f;
         }
-        if (a.n_split == 1) {
-            float alpha = 1.f, denom = l;
-            if (a.sinks) {
-                const float sink = a.sinks[g * G + int((b.row0 + tid) % G)] * kLog2e;
-                const float Ms = fmaxf(M, sink);
-                alpha = M == -INFINITY ? 0.f : exp2f(M - Ms);
-                denom = l * alpha + exp2f(sink - Ms);
-            }
-            fac[tid * kFac + kScale] = denom == 0.f ? 0.f : alpha / denom;
-        } else {
-            fac[tid * kFac + kScale] = M;
-            fac[tid * kFac + kScale + 1] = l;
-        }
+        finish_row(a, g, b.row0 + tid, M, l, fac + tid * kFac + kScale);
     }
     __syncthreads();
     // A warp per row, each lane 4 adjacent columns.
@@ -352,19 +340,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
             acc.z += v.z * f[w];
             acc.w += v.w * f[w];
         }
-        if (a.n_split == 1) {
-            const float s = f[kScale];
-            const __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x * s, acc.y * s),
-                                         __floats2bfloat162_rn(acc.z * s, acc.w * s)};
-            *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(a.out) + R * kDv + d) =
-                *reinterpret_cast<const uint2*>(v);
-        } else {
-            const int64_t P = int64_t(split) * a.T * a.nq + R;
-            *reinterpret_cast<float4*>(a.part_o + P * kDv + d) = acc;
-            if (lane == 0) {
-                a.part_ml[P * 2] = f[kScale];
-                a.part_ml[P * 2 + 1] = f[kScale + 1];
-            }
+        const int64_t P = int64_t(split) * a.T * a.nq + R;  // partial row (n_split > 1)
+        store_out4(a, R, P, kDv, d, acc, f[kScale]);
+        if (a.n_split > 1 && lane == 0) {
+            a.part_ml[P * 2] = f[kScale];
+            a.part_ml[P * 2 + 1] = f[kScale + 1];
         }
     }
 }

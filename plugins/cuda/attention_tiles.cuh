@@ -151,6 +151,36 @@ __device__ __forceinline__ void online_softmax_step(float (&sc)[kN][4], int j0, 
         l[h] = l[h] * corr[h] + sum;
     }
 }
+// A row's state once its parts are merged to (M, l), in log2 units: with one split the output
+// scale alpha / denominator (the sink of query head g·G + row % G joins the denominator; the
+// division only when there are sinks), else M and l for the combine. to[0] (and to[1]) receive them.
+__device__ __forceinline__ void finish_row(const DecodeArgs& a, int g, int64_t row, float M, float l, float* to) {
+    if (a.n_split == 1) {
+        float alpha = 1.f, denom = l;
+        if (a.sinks) {
+            const float sink = a.sinks[g * a.group + int(row % a.group)] * kLog2e;
+            const float Ms = fmaxf(M, sink);
+            alpha = M == -INFINITY ? 0.f : exp2f(M - Ms);
+            denom = l * alpha + exp2f(sink - Ms);
+        }
+        to[0] = denom == 0.f ? 0.f : alpha / denom;
+    } else {
+        to[0] = M;
+        to[1] = l;
+    }
+}
+// A lane's 4 adjacent columns d .. d + 3 of output row R (bf16 output, dv columns a row): the
+// normalised output acc · scale with one split, else the unnormalised partial row P.
+__device__ __forceinline__ void store_out4(const DecodeArgs& a, int64_t R, int64_t P, int dv, int d, float4 acc,
+                                           float scale) {
+    if (a.n_split == 1) {
+        const __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x * scale, acc.y * scale),
+                                     __floats2bfloat162_rn(acc.z * scale, acc.w * scale)};
+        *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(a.out) + R * dv + d) = *reinterpret_cast<const uint2*>(v);
+    } else {
+        *reinterpret_cast<float4*>(a.part_o + P * dv + d) = acc;
+    }
+}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
