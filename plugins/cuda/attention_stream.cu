@@ -10,9 +10,9 @@
 //   - a block owns the ≤ 16 query rows of one row tile and KV head and one split of their keys;
 //     its warps take the split's pages round-robin, one page (16 keys) per tile;
 //   - each warp keeps kStages pages of its own in flight in shared memory, each brought by one
-//     lane with five TMA copies (K: three 64-column boxes of the page's 16 rows for this KV head,
-//     V: two), 128-byte swizzled so that ldmatrix reads them without bank conflicts, completing
-//     on the stage's mbarrier;
+//     lane with a TMA copy per 64-column box of the page's 16 rows for this KV head (MiMo: three
+//     for K, two for V), 128-byte swizzled so that ldmatrix reads them without bank conflicts,
+//     completing on the stage's mbarrier;
 //   - the warp's Q fragments stay in registers; per tile it computes S = Q·Kᵀ (16 × 16), the online
 //     softmax and O += P·V with mma.sync m16n8k16, and waits only on its own mbarrier - no block
 //     barrier inside the key loop;
