@@ -111,14 +111,8 @@ if [ $engine = 1 ]; then
             # (attention_stream.cu); the split-KV kernel they replaced and both block sizes of the
             # streams are checked on the whole grid too.
             ops_test_with XINFER_CUDA_ATTN_STREAM=0 ops-test-split-kv-attention.log "split-KV kernel" --op attention
-            ops_test_with XINFER_CUDA_ATTN_STREAM=4 ops-test-stream4-attention.log "4-warp streams" \
-                --op attention,rope_kv_store_attention
-            ops_test_with XINFER_CUDA_ATTN_STREAM=8 ops-test-stream8-attention.log "8-warp streams" \
-                --op attention,rope_kv_store_attention
-            # ROPE_KV_STORE_ATTENTION as its two launches (the path of batches the stream kernel
-            # does not take).
-            ops_test_with XINFER_CUDA_FUSED_ATTENTION=0 ops-test-unfused-prologue.log "prologue as its own launch" \
-                --op rope_kv_store_attention
+            ops_test_with XINFER_CUDA_ATTN_STREAM=4 ops-test-stream4-attention.log "4-warp streams" --op attention
+            ops_test_with XINFER_CUDA_ATTN_STREAM=8 ops-test-stream8-attention.log "8-warp streams" --op attention
             # The prefill kernel (192-row tiles) takes long query tiles only; here it takes every
             # bf16 192/128 and 128/128 case of the grid (decode, sliding, sinks, non-causal, pages).
             ops_test_with XINFER_CUDA_ATTN_PREFILL=all ops-test-prefill-attention.log "prefill kernel" --op attention
@@ -130,7 +124,7 @@ if [ $engine = 1 ]; then
             ops_test_with XINFER_CUDA_MOE_RING=0 ops-test-moe-no-ring.log "register rounds" --op moe_experts
             # Kernels that read host-written inputs and older keys before pdl_wait, in the old order.
             ops_test_with XINFER_CUDA_EARLY_READS=0 ops-test-late-reads.log "reads after pdl_wait" \
-                --op attention,rmsnorm,add_rmsnorm,rope,kv_store,rope_kv_store_attention
+                --op attention,rmsnorm,add_rmsnorm,rope,kv_store
         fi
     else
         note "SKIP  xinfer ops-test --backend cuda (not in tools/ yet)"

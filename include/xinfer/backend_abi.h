@@ -1,5 +1,5 @@
 /*
- * xinfer backend plugin ABI, version 2.
+ * xinfer backend plugin ABI, version 1.
  *
  * A backend for an accelerator is a shared library `libxinfer-<name>.so` exporting one C
  * symbol, `xinfer_backend_init`, which returns a table of function pointers. xinfer dlopens
@@ -22,13 +22,12 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define XINFER_BACKEND_ABI_VERSION 2  /* 2: ROPE_KV_STORE_ATTENTION and its params (xinfer_op grew) */
+#define XINFER_BACKEND_ABI_VERSION 1
 
 enum {
     XINFER_OK = 0,
@@ -110,14 +109,6 @@ typedef enum xinfer_op_type {
        Results are those of the two ops: y is computed from normed as stored in dst1's dtype.
        Optional: a backend may answer supports_op = 0 and xinfer runs the two ops instead. */
     XINFER_OP_ADD_RMSNORM_MATMUL = 17,
-    /* the attention block's prologue and attention as one op: exactly ROPE_KV_STORE, then ATTENTION
-       over the caches it wrote (xinfer_split_rope_kv_store_attention below gives the two ops).
-       src: k, v, k_cache, v_cache, q, positions as ROPE_KV_STORE's, sinks[nq] f32 (opt, src6);
-       dst0: out[T,nq,dv]; params.rope_kv_store_attention; batch (the two ops'). q, k and v are
-       the op's scratch: a backend may leave them as they were or rotate / scale them in place, so
-       their contents afterwards are unspecified (xinfer calls it only where nothing reads them).
-       Optional: a backend may answer supports_op = 0 and xinfer runs the two ops instead. */
-    XINFER_OP_ROPE_KV_STORE_ATTENTION = 18,
     XINFER_OP_COUNT
 } xinfer_op_type;
 
@@ -181,11 +172,6 @@ typedef struct xinfer_op {
         struct { int32_t rotary_dim; float theta; } rope;
         struct { int32_t rotary_dim; float theta; float value_scale; } rope_kv_store;
         struct { float eps; int32_t block_rows, block_cols; } norm_matmul; /* blocks as matmul's */
-        struct {
-            xinfer_attention_params attention;
-            int32_t rotary_dim;
-            float theta, value_scale;
-        } rope_kv_store_attention; /* ATTENTION's params, then ROPE_KV_STORE's */
         struct { float factor; } scale;
         struct { int32_t block_rows, block_cols; } matmul; /* f8 weight scale blocks */
         xinfer_attention_params attention;
@@ -193,25 +179,6 @@ typedef struct xinfer_op {
     } params;
     xinfer_attention_batch batch;  /* KV_STORE, ATTENTION, ROPE_KV_STORE */
 } xinfer_op;
-
-/* The two ops XINFER_OP_ROPE_KV_STORE_ATTENTION stands for, in their order: *rope (ROPE_KV_STORE)
-   and *attention (ATTENTION), with the tensors, params and batch they take. */
-static inline void xinfer_split_rope_kv_store_attention(const xinfer_op* fused, xinfer_op* rope, xinfer_op* attention) {
-    *rope = *fused;
-    rope->type = XINFER_OP_ROPE_KV_STORE;
-    memset(&rope->src[6], 0, sizeof rope->src[6]);
-    rope->params.rope_kv_store.rotary_dim = fused->params.rope_kv_store_attention.rotary_dim;
-    rope->params.rope_kv_store.theta = fused->params.rope_kv_store_attention.theta;
-    rope->params.rope_kv_store.value_scale = fused->params.rope_kv_store_attention.value_scale;
-    *attention = *fused;
-    attention->type = XINFER_OP_ATTENTION;
-    memset(attention->src, 0, sizeof attention->src);
-    attention->src[0] = fused->src[4]; /* q */
-    attention->src[1] = fused->src[2]; /* k_cache */
-    attention->src[2] = fused->src[3]; /* v_cache */
-    attention->src[3] = fused->src[6]; /* sinks */
-    attention->params.attention = fused->params.rope_kv_store_attention.attention;
-}
 
 typedef struct xinfer_device_props {
     char name[128];

@@ -626,7 +626,7 @@ int op_rope_kv_store(Context* c, const xinfer_op* op, bool run) {
 }
 
 // attention_decode.cu: split-KV kernel for few query tokens per sequence; XINFER_UNSUPPORTED = not taken.
-int attention_decode(Context* c, const xinfer_op* op, const FusedPrologue* prologue = nullptr);
+int attention_decode(Context* c, const xinfer_op* op);
 
 int op_attention(Context* c, const xinfer_op* op, bool run) {
     const xinfer_tensor &q = op->src[0], &k_cache = op->src[1], &v_cache = op->src[2], &sinks = op->src[3],
@@ -738,37 +738,6 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
         XCUDA_CHECK_LAUNCH(c, "attention_combine_kernel");
     }
     return XINFER_OK;
-}
-
-// ROPE_KV_STORE_ATTENTION: supported wherever its two ops are. One token per sequence of bf16
-// tensors goes to attention_stream.cu's kernel, which rotates q and the new key and stores the new
-// rows itself (one launch fewer, and the new key's page is copied before the PDL wait with its
-// new row patched in shared memory); anything else, or XINFER_CUDA_FUSED_ATTENTION=0, runs
-// rope_kv_store_kernel and then the attention. q, k and v are left as they were (the op allows it).
-int op_rope_kv_store_attention(Context* c, const xinfer_op* op, bool run) {
-    xinfer_op rope, attention;
-    xinfer_split_rope_kv_store_attention(op, &rope, &attention);
-    if (int rc = op_rope_kv_store(c, &rope, false)) return rc;
-    if (int rc = op_attention(c, &attention, false)) return rc;
-    if (!run) return XINFER_OK;
-    static const bool fused = env_flag("XINFER_CUDA_FUSED_ATTENTION", true);
-    const xinfer_tensor &k = op->src[0], &v = op->src[1], &k_cache = op->src[2], &v_cache = op->src[3], &q = op->src[4];
-    constexpr int bf16 = XINFER_DTYPE_BF16;
-    const int64_t T = q.shape[0];
-    if (fused && T > 0 && T == op->batch.n_seqs && q.dtype == bf16 && k.dtype == bf16 && v.dtype == bf16 &&
-        k_cache.dtype == bf16 && v_cache.dtype == bf16 && pointer_alignment(k.data) >= 16 &&
-        pointer_alignment(v.data) >= 16) {
-        FusedPrologue p;
-        p.k = k.data;
-        p.v = v.data;
-        p.slot_mapping = static_cast<const int32_t*>(op->batch.slot_mapping.data);
-        p.rotary_dim = op->params.rope_kv_store_attention.rotary_dim;
-        p.theta = op->params.rope_kv_store_attention.theta;
-        p.value_scale = op->params.rope_kv_store_attention.value_scale;
-        if (int rc = attention_decode(c, &attention, &p); rc != XINFER_UNSUPPORTED) return rc;
-    }
-    if (int rc = op_rope_kv_store(c, &rope, true)) return rc;
-    return op_attention(c, &attention, true);
 }
 
 }  // namespace xcuda

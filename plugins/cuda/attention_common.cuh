@@ -8,17 +8,6 @@
 namespace xcuda {
 
 // One ATTENTION op, as the flash and exact kernels read it (attention.cu fills it from the op).
-// The attention block's prologue (ROPE_KV_STORE) as attention_stream.cu's kernel runs it itself for
-// ROPE_KV_STORE_ATTENTION with one token per sequence: the new rows as the projection wrote them
-// (bf16; k null: no prologue), their cache slots, and ROPE's and SCALE's parameters.
-struct FusedPrologue {
-    const void* k = nullptr;                // [T, nkv, dk], unrotated
-    const void* v = nullptr;                // [T, nkv, dv], unscaled
-    const int32_t* slot_mapping = nullptr;  // [T]
-    int rotary_dim = 0;
-    float theta = 0.f, value_scale = 1.f;
-};
-
 struct AttnArgs {
     const void* q;             // [T, nq, dk]
     const void* k_cache;       // pages of [page_size, nkv, dk], k_page_stride elements apart

@@ -642,10 +642,8 @@ int decode_partials(Context* c, DecodeArgs& a) {
 
 // Called by op_attention (attention.cu) after it validated the op. Returns XINFER_UNSUPPORTED,
 // without an error message, for shapes this kernel does not take (prefill-shaped batches, fp8
-// caches, dv > 128): the caller then runs its flash kernel. With a prologue (ROPE_KV_STORE_ATTENTION,
-// one token per sequence) only the stream kernel may take the op, which then stores the new rows
-// itself; XINFER_UNSUPPORTED (nothing launched) otherwise.
-int attention_decode(Context* c, const xinfer_op* op, const FusedPrologue* prologue) {
+// caches, dv > 128): the caller then runs its flash kernel.
+int attention_decode(Context* c, const xinfer_op* op) {
     const xinfer_tensor &q = op->src[0], &k_cache = op->src[1], &v_cache = op->src[2], &sinks = op->src[3],
                         &out = op->dst[0];
     const xinfer_attention_batch& b = op->batch;
@@ -697,13 +695,12 @@ int attention_decode(Context* c, const xinfer_op* op, const FusedPrologue* prolo
     a.v_vec = vec_ok(v_cache, dv, a.v_page_stride);
     a.q_vec = vec_ok(q, dk, 0);
     a.early_kv = early_reads();
-    if (prologue) a.pro = *prologue;  // only the stream kernel runs it: nothing else may launch
 
     // bf16 q, caches and out with 16-byte rows (out 8-byte aligned: the fixed-dims instances store
     // 4 bf16 columns at once) take the bf16 instances.
     const bool bf16 = a.q_vec && a.k_vec && a.v_vec && out.dtype == XINFER_DTYPE_BF16 && pointer_alignment(out.data) >= 8 &&
                       bf16_instance_enabled();
-    if (!prologue && bf16 && use_prefill_kernel(T * a.group, b.n_seqs, nkv, c->sm_count)) {
+    if (bf16 && use_prefill_kernel(T * a.group, b.n_seqs, nkv, c->sm_count)) {
         a.n_split = 1;
         if (int rc = attention_prefill(c, a); rc != XINFER_UNSUPPORTED) return rc;
     }
@@ -735,7 +732,6 @@ int attention_decode(Context* c, const xinfer_op* op, const FusedPrologue* prolo
         const int rc = attention_stream(c, a, k_cache.shape[0], key_span, est_blocks, row_tiles);
         if (rc != XINFER_UNSUPPORTED) return rc != XINFER_OK ? rc : launch_combine(c, a);
     }
-    if (prologue) return XINFER_UNSUPPORTED;
     // n_split from host-known bounds: enough blocks for ~2 waves of 2 blocks per SM, each split at
     // least min_split_tiles tiles and at most max_splits() splits, so the partials and the combine stay
     // small next to the keys read. Measured on H200 (ops-test --perf): 4 tiles rather than 2 took

@@ -86,9 +86,9 @@ struct PageMaps {
 // boxes][16 rows][64] and V [dv / 64][16][64] bf16, 128-byte swizzled (a row's 16-byte chunk c at
 // c ^ (row % 8)), whose first stages hold the warp's O [16][ldo] f32 after its key loop; Q [16][ldq]
 // bf16 (rows padded by 8 elements for ldmatrix); the mbarriers [warps][kStages], the tokens' key
-// ranges, each warp's row states (m, l), the merge factors, and the fused prologue's new key | value.
+// ranges, each warp's row states (m, l) and the merge factors.
 struct StreamSmem {
-    int ldq, ldo, v_stage, stage, warp_bytes, q, bars, lo, hi, ml, fac, kv_new, total;
+    int ldq, ldo, v_stage, stage, warp_bytes, q, bars, lo, hi, ml, fac, total;
 };
 template <int kDk, int kDv, int kWarps, int kStages>
 __host__ __device__ constexpr StreamSmem stream_smem() {
@@ -104,8 +104,7 @@ __host__ __device__ constexpr StreamSmem stream_smem() {
     L.hi = L.lo + kTileRows * 4;
     L.ml = L.hi + kTileRows * 4;                // [warps][16 rows][2]
     L.fac = L.ml + kWarps * kTileRows * 2 * 4;  // [16 rows][warps + 2]
-    L.kv_new = L.fac + kTileRows * (kWarps + 2) * 4;  // fused prologue: the new key | value, bf16
-    L.total = (L.kv_new + (kDk + kDv) * 2 + 15) / 16 * 16 + 1024;  // + the base's alignment
+    L.total = L.fac + kTileRows * (kWarps + 2) * 4 + 1024;  // + the base's alignment
     return L;
 }
 
@@ -128,7 +127,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
     auto* tok_hi = reinterpret_cast<int*>(smem + L.hi);
     auto* ml_s = reinterpret_cast<float*>(smem + L.ml);
     auto* fac = reinterpret_cast<float*>(smem + L.fac);
-    auto* kv_new = reinterpret_cast<__nv_bfloat16*>(smem + L.kv_new);  // [kDk + kDv]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tid4 = lane % 4;
     const int g = blockIdx.y, split = blockIdx.z, G = a.group;
@@ -161,33 +159,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
         key_hi = min(union_hi, (first_page + n_tiles) * kKeys - 1);
     }
     const int n_mine = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
+    const int fresh_page = a.early_kv ? (b.kv_len - b.q_len) / kKeys : INT_MIN;  // pages from here on hold this forward's keys
     const int32_t* page_row = a.page_table + int64_t(b.seq) * a.max_pages;
-    // The fused prologue (ROPE_KV_STORE_ATTENTION, a.pro.k set; one token per sequence): the
-    // block's token t, its new key kv_len - 1 and the slot the op stores it in. The block whose
-    // split holds the new key's page (`owner`) rotates and stores the new rows and, when the slot
-    // lies in the page it reads (always, for xinfer's batches), patches that row of its copy
-    // (`patch_row`); every block rotates its own q rows. The rotation angle of pair j = tid is
-    // computed before the wait (f64, as rope_kv_store_kernel).
-    const bool fused = a.pro.k != nullptr;
-    const int64_t t_tok = b.token_base;
-    const int new_key = b.kv_len - 1, new_page = new_key / kKeys, half = a.pro.rotary_dim / 2;
-    int32_t new_slot = -1;
-    float rot_cos = 1.f, rot_sin = 0.f;
-    if (fused) {
-        if (b.q_len != 1) __trap();  // the host sends T == n_seqs; xinfer's batches hold no empty sequence
-        new_slot = a.pro.slot_mapping[t_tok];
-        if (tid < half) {
-            const double inv_freq = pow(double(a.pro.theta), -2.0 * tid / double(a.pro.rotary_dim));
-            double s, co;
-            sincos(double(a.positions[t_tok]) * inv_freq, &s, &co);
-            rot_cos = float(co);
-            rot_sin = float(s);
-        }
-    }
-    const bool owner = fused && new_slot >= 0 && new_key >= 0 && new_page >= first_page && new_page < first_page + n_tiles;
-    const int patch_row = owner && new_slot == page_row[new_page] * kKeys + new_key % kKeys ? new_key % kKeys : -1;
-    // Pages from here on hold this forward's keys (fused: none does before the patch).
-    const int fresh_page = !a.early_kv ? INT_MIN : fused ? INT_MAX : (b.kv_len - b.q_len) / kKeys;
     const auto tile_page = [&](int i) { return first_page + warp + i * kWarps; };
     const auto stage_of = [&](int i) { return smem + warp * L.warp_bytes + (i % kStages) * L.stage; };
 
@@ -240,41 +213,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
         }
         *reinterpret_cast<uint4*>(Qs + r * L.ldq + c * 8) = v;
     }
-    if (fused) {
-        if (owner && tid < (kDk + kDv) / 8) {  // the new rows as the projection wrote them
-            const int64_t row = t_tok * a.nkv + g;
-            const uint4* src = tid < kDk / 8 ? static_cast<const uint4*>(a.pro.k) + row * (kDk / 8) + tid
-                                             : static_cast<const uint4*>(a.pro.v) + row * (kDv / 8) + tid - kDk / 8;
-            reinterpret_cast<uint4*>(kv_new)[tid] = *src;
-        }
-        __syncthreads();
-        // ROPE on q (the block's rows) and the new key, rounded to bf16 as ROPE stores them;
-        // SCALE on the new value, rounded as SCALE stores it.
-        const auto rotate = [&](__nv_bfloat16* x) {
-            const float lo = __bfloat162float(x[tid]), hi = __bfloat162float(x[tid + half]);
-            x[tid] = __float2bfloat16_rn(lo * rot_cos - hi * rot_sin);
-            x[tid + half] = __float2bfloat16_rn(hi * rot_cos + lo * rot_sin);
-        };
-        if (tid < half) {
-            for (int r = 0; r < b.rows; ++r) rotate(Qs + r * L.ldq);
-            if (owner) rotate(kv_new);
-        }
-        if (owner && a.pro.value_scale != 1.f)
-            for (int e = tid; e < kDv; e += kThreads)
-                kv_new[kDk + e] = __float2bfloat16_rn(__bfloat162float(kv_new[kDk + e]) * a.pro.value_scale);
-        __syncthreads();
-        if (owner && tid < (kDk + kDv) / 8) {  // KV_STORE of the new rows
-            const int64_t page = new_slot / kKeys, offset = new_slot % kKeys;
-            uint4* dst = tid < kDk / 8
-                             ? reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(const_cast<void*>(a.k_cache)) +
-                                                        page * a.k_page_stride + (offset * a.nkv + g) * kDk) + tid
-                             : reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(const_cast<void*>(a.v_cache)) +
-                                                        page * a.v_page_stride + (offset * a.nkv + g) * kDv) + tid - kDk / 8;
-            *dst = reinterpret_cast<const uint4*>(kv_new)[tid];
-        }
-    } else {
-        __syncthreads();
-    }
+    __syncthreads();
     uint32_t qa[kDkSteps][4];
 #pragma unroll
     for (int kk = 0; kk < kDkSteps; ++kk) ldmatrix_x4(qa[kk], Qs + (lane % 16) * L.ldq + kk * 16 + (lane / 16) * 8);
@@ -309,13 +248,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
                 for (int c = 0; c < kDv; c += 8)
                     *reinterpret_cast<uint4*>(stage + L.v_stage + swizzled(lane, c)) = make_uint4(0, 0, 0, 0);
         }
-        // The fused prologue's new key and value into their row (the copy brought the slot as it
-        // was before this forward).
-        if (patch_row >= 0 && j0 == new_page * kKeys)
-            for (int c = lane; c < (kDk + kDv) / 8; c += 32)
-                *reinterpret_cast<uint4*>(stage + (c < kDk / 8 ? swizzled(patch_row, c * 8)
-                                                                : L.v_stage + swizzled(patch_row, (c - kDk / 8) * 8))) =
-                    reinterpret_cast<const uint4*>(kv_new)[c];
         __syncwarp();
         bool any = false;
 #pragma unroll

@@ -172,7 +172,6 @@ int op_convert(Context* c, const xinfer_op* op, bool run);
 // gemm.cu
 int op_matmul(Context* c, const xinfer_op* op, bool run);
 int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run);
-int op_rope_kv_store_attention(Context* c, const xinfer_op* op, bool run);
 // moe_route.cu, moe.cu
 int op_moe_route(Context* c, const xinfer_op* op, bool run);
 int op_moe_experts(Context* c, const xinfer_op* op, bool run);

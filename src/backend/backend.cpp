@@ -238,9 +238,15 @@ void Backend::rope_kv_store(const Tensor& q, const Tensor& k, const Tensor& v, c
     kv_store(k, v, k_cache, v_cache, batch);
 }
 
-namespace {
-xinfer_attention_params attention_abi(const AttentionParams& params) {
-    xinfer_attention_params p{};
+void Backend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& sinks,
+                        const AttentionBatch& batch, const AttentionParams& params, const Tensor& out) {
+    xinfer_op op = make_op(XINFER_OP_ATTENTION, layer_);
+    op.src[0] = to_abi(q);
+    op.src[1] = to_abi(k_cache);
+    op.src[2] = to_abi(v_cache);
+    op.src[3] = to_abi(sinks);
+    op.dst[0] = to_abi(out);
+    xinfer_attention_params& p = op.params.attention;
     p.n_q_heads = params.n_q_heads;
     p.n_kv_heads = params.n_kv_heads;
     p.head_dim_k = params.head_dim_k;
@@ -250,44 +256,6 @@ xinfer_attention_params attention_abi(const AttentionParams& params) {
     p.causal = params.causal ? 1 : 0;
     p.k_scale = 1.f;
     p.v_scale = 1.f;
-    return p;
-}
-}  // namespace
-
-void Backend::rope_kv_store_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
-                                      const RopeParams& rope_params, float value_scale, const Tensor& k_cache,
-                                      const Tensor& v_cache, const Tensor& sinks, const AttentionBatch& batch,
-                                      const AttentionParams& params, const Tensor& out) {
-    XINFER_CHECK(params.page_size == int(k_cache.dim(1)), "attention page size {} vs cache pages of {}",
-                 params.page_size, k_cache.dim(1));
-    xinfer_op op = make_op(XINFER_OP_ROPE_KV_STORE_ATTENTION, layer_);
-    op.src[0] = to_abi(k);
-    op.src[1] = to_abi(v);
-    op.src[2] = to_abi(k_cache);
-    op.src[3] = to_abi(v_cache);
-    op.src[4] = to_abi(q);
-    op.src[5] = to_abi(positions);
-    op.src[6] = to_abi(sinks);
-    op.dst[0] = to_abi(out);
-    op.params.rope_kv_store_attention.attention = attention_abi(params);
-    op.params.rope_kv_store_attention.rotary_dim = rope_params.rotary_dim;
-    op.params.rope_kv_store_attention.theta = rope_params.theta;
-    op.params.rope_kv_store_attention.value_scale = value_scale;
-    op.batch = to_abi(batch, params.page_size);
-    if (supports(op)) return run(op);
-    rope_kv_store(q, k, v, positions, rope_params, value_scale, k_cache, v_cache, batch);
-    attention(q, k_cache, v_cache, sinks, batch, params, out);
-}
-
-void Backend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& sinks,
-                        const AttentionBatch& batch, const AttentionParams& params, const Tensor& out) {
-    xinfer_op op = make_op(XINFER_OP_ATTENTION, layer_);
-    op.src[0] = to_abi(q);
-    op.src[1] = to_abi(k_cache);
-    op.src[2] = to_abi(v_cache);
-    op.src[3] = to_abi(sinks);
-    op.dst[0] = to_abi(out);
-    op.params.attention = attention_abi(params);
     op.batch = to_abi(batch, params.page_size);
     run(op);
 }

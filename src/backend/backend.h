@@ -150,15 +150,6 @@ public:
                        const Tensor& v /*[T, n_kv, dv] in/out*/, const Tensor& positions /*[T] i32*/,
                        const RopeParams& rope, float value_scale, const Tensor& k_cache, const Tensor& v_cache,
                        const AttentionBatch& batch);
-    // rope_kv_store, then attention over the caches it wrote: one op where the backend has it (on
-    // CUDA the decode attention kernel rotates q and the new key itself), else those two. q, k and
-    // v are scratch: rotated / scaled in place, or left as they were.
-    void rope_kv_store_attention(const Tensor& q /*[T, n_q, dk]*/, const Tensor& k /*[T, n_kv, dk]*/,
-                                 const Tensor& v /*[T, n_kv, dv]*/, const Tensor& positions /*[T] i32*/,
-                                 const RopeParams& rope, float value_scale, const Tensor& k_cache,
-                                 const Tensor& v_cache, const Tensor& sinks /*[n_q] f32 or empty*/,
-                                 const AttentionBatch& batch, const AttentionParams& params,
-                                 const Tensor& out /*[T, n_q, dv]*/);
     // Paged attention for a batch of sequences with 1..many query tokens each. Optional sinks
     // (per query head, f32; an empty Tensor means none) add one extra logit per head to the
     // softmax whose probability is dropped.

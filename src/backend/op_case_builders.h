@@ -149,11 +149,6 @@ struct AttentionSpec {
     int pool_layers = 0, layer = 0, pad = 0;
     std::optional<DType> cache_dtype = std::nullopt;
     uint32_t seed = 1;
-    // rotary_dim > 0: the case is ROPE_KV_STORE_ATTENTION - the batch's new keys and values come
-    // unrotated / unscaled in k and v and the op stores them (their cache slots start as NaN; the
-    // caches, finite elsewhere, are compared); q comes unrotated. Not for fp8 caches.
-    int rotary_dim = 0;
-    float theta = 1e4f, value_scale = 1.f;
 };
 OpCase attention_case(const AttentionSpec& s);
 // Keys [lo, hi] query position p of a sequence with kv_len keys may see (the CPU's rule).

@@ -798,24 +798,6 @@ std::vector<OpCase> correctness_cases() {
                .dv = 128, .window = 128, .sinks = true});
     attention({.label = "decode qwen", .q_lens = {1, 1, 1}, .kv_lens = {1000, 17, 260}, .n_q = 16, .n_kv = 4, .dk = 128,
                .dv = 128});
-    // The prologue fused in front (ROPE_KV_STORE_ATTENTION; on cuda the stream kernel rotates q
-    // and the new key itself where every sequence has one token): MiMo's sliding decode (partial
-    // rotary, value scale, sinks) with a new key opening a page; a batch over many splits with a
-    // pooled cache; Qwen3's full rotary; a verification batch (two ops on cuda); bf16 caches.
-    const float mimo_value_scale = 0.707f;
-    attention({.label = "fused sliding decode", .q_lens = {1, 1}, .kv_lens = {500, 129}, .n_q = 32, .n_kv = 2,
-               .dk = 192, .dv = 128, .window = 128, .sinks = true, .cache_dtype = bf16, .rotary_dim = 64, .theta = 1e4f,
-               .value_scale = mimo_value_scale});
-    attention({.label = "fused full decode", .q_lens = {1, 1, 1}, .kv_lens = {3000, 1, 77}, .n_q = 16, .n_kv = 1,
-               .dk = 192, .dv = 128, .pool_layers = 3, .layer = 2, .cache_dtype = bf16, .rotary_dim = 64,
-               .theta = 5e6f, .value_scale = mimo_value_scale});
-    attention({.label = "fused qwen", .q_lens = {1, 1}, .kv_lens = {1000, 16}, .n_q = 16, .n_kv = 4, .dk = 128, .dv = 128,
-               .cache_dtype = bf16, .rotary_dim = 128, .theta = 1e6f});
-    attention({.label = "fused verify", .q_lens = {4, 1}, .kv_lens = {300, 40}, .n_q = 16, .n_kv = 2, .dk = 192,
-               .dv = 128, .window = 128, .sinks = true, .cache_dtype = bf16, .rotary_dim = 64,
-               .value_scale = mimo_value_scale});
-    attention({.label = "fused f32", .q_lens = {1, 1}, .kv_lens = {40, 17}, .n_q = 8, .n_kv = 2, .dk = 24, .dv = 16,
-               .rotary_dim = 16, .value_scale = 2.f});
     // Prefill chunks over cached prefixes (several 128-row tiles per sequence, GQA 16 and 1).
     attention({.label = "prefill chunks", .q_lens = {200, 77}, .kv_lens = {456, 77}, .n_q = 32, .n_kv = 2, .dk = 192,
                .dv = 128, .window = 128, .sinks = true});
@@ -1284,19 +1266,6 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
             const double rotated = 2.0 * double(q.shape[0] * (q.shape[1] + k.shape[1]) * op.params.rope_kv_store.rotary_dim);
             cost.bytes = rotated * esize(q) + 2 * bytes(v) + bytes(k) + bytes(op.src[5]) + bytes(op.batch.slot_mapping) +
                          stored * double(k.shape[1]) * (double(k.shape[2]) * esize(op.src[2]) + double(v.shape[2]) * esize(op.src[3]));
-            break;
-        }
-        case XINFER_OP_ROPE_KV_STORE_ATTENTION: {
-            // The attention's traffic, plus the new rows read from k and v and written to the
-            // caches (q, k and v need not be written back).
-            xinfer_op rope, attention;
-            xinfer_split_rope_kv_store_attention(&op, &rope, &attention);
-            cost = op_cost(data, attention);
-            const CaseTensor* slots = find_slot(data, Slot::slot_mapping);
-            const double stored = slots ? double(std::count_if(slots->ints.begin(), slots->ints.end(), [](int32_t s) { return s >= 0; })) : 0;
-            const xinfer_tensor &k = op.src[0], &v = op.src[1];
-            cost.bytes += bytes(k) + bytes(v) + bytes(op.src[5]) + bytes(op.batch.slot_mapping) +
-                          stored * double(k.shape[1]) * (double(k.shape[2]) * esize(op.src[2]) + double(v.shape[2]) * esize(op.src[3]));
             break;
         }
         case XINFER_OP_SCALE: cost.bytes = 2 * bytes(op.src[0]); break;

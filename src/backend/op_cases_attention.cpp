@@ -157,28 +157,20 @@ OpCase kv_store_case(const KvStoreSpec& s) {
 
 OpCase attention_case(const AttentionSpec& s) {
     const int T = std::accumulate(s.q_lens.begin(), s.q_lens.end(), 0);
-    const bool fused = s.rotary_dim > 0;
     std::string mode = s.causal ? "causal" : "non-causal";
     mode += s.window ? fmt::format(", window={}", s.window) : std::string(s.causal ? ", full" : "");
     if (s.sinks) mode += ", sinks";
-    if (fused) mode += fmt::format(", rotary={}, value_scale={:g}", s.rotary_dim, s.value_scale);
     const CacheGeometry geometry{.page_size = s.page_size, .n_kv = s.n_kv, .dk = s.dk, .dv = s.dv,
                                  .pool_layers = s.pool_layers, .layer = s.layer, .pad = s.pad, .dtype = s.cache_dtype};
     std::string description =
-        fmt::format("{}({}: seqs={}, T={}, q={}, kv={}, heads={}/{} (GQA {}), d={}/{}, {}, {})",
-                    fused ? "rope_kv_store_attention" : "attention", s.label, s.q_lens.size(), T, range_text(s.q_lens), range_text(s.kv_lens), s.n_q, s.n_kv, s.n_q / s.n_kv,
+        fmt::format("attention({}: seqs={}, T={}, q={}, kv={}, heads={}/{} (GQA {}), d={}/{}, {}, {})", s.label,
+                    s.q_lens.size(), T, range_text(s.q_lens), range_text(s.kv_lens), s.n_q, s.n_kv, s.n_q / s.n_kv,
                     s.dk, s.dv, mode, geometry.describe());
-    const xinfer_op_type type = fused ? XINFER_OP_ROPE_KV_STORE_ATTENTION : XINFER_OP_ATTENTION;
-    return make_case(type, std::move(description), kAttention, [s, T, fused, type] {
+    return make_case(XINFER_OP_ATTENTION, std::move(description), kAttention, [s, T] {
         std::mt19937 rng(s.seed);
         const int64_t n_seqs = int64_t(s.q_lens.size()), ps = s.page_size;
-        CaseData d = start(type);
-        xinfer_attention_params& p = fused ? d.op.params.rope_kv_store_attention.attention : d.op.params.attention;
-        if (fused) {
-            d.op.params.rope_kv_store_attention.rotary_dim = s.rotary_dim;
-            d.op.params.rope_kv_store_attention.theta = s.theta;
-            d.op.params.rope_kv_store_attention.value_scale = s.value_scale;
-        }
+        CaseData d = start(XINFER_OP_ATTENTION);
+        xinfer_attention_params& p = d.op.params.attention;
         p.n_q_heads = s.n_q;
         p.n_kv_heads = s.n_kv;
         p.head_dim_k = s.dk;
@@ -220,19 +212,10 @@ OpCase attention_case(const AttentionSpec& s) {
         for (size_t r = 0; r < resident.size(); ++r)
             page_table[size_t(resident[r].first * max_pages + resident[r].second)] = physical[r];
 
-        d.tensors.push_back(act_input("q", src(fused ? 4 : 0), {T, s.n_q, s.dk}, rng, -4.f, 4.f));
+        d.tensors.push_back(act_input("q", src(0), {T, s.n_q, s.dk}, rng, -4.f, 4.f));
         // Every cache element starts as NaN: other layers of the pool, free pages and slots past
-        // kv_len must never reach the output. Only keys that exist get values. Fused: the caches
-        // are the op's output too, finite everywhere but in the new keys' slots (NaN until stored).
-        XINFER_CHECK(!fused || !g.fp8(), "attention_case: the fused prologue takes no fp8 caches");
-        const auto [k_index, v_index] = add_caches(d, g, fused ? 2 : 1, fused ? Access::inout : Access::input,
-                                                   fused ? 0.f : kNaN);
-        for (size_t i : {k_index, v_index}) {
-            if (!fused) break;
-            std::uniform_real_distribution<float> value(-1.f, 1.f);
-            for (float& x : d.tensors[i].values) x = value(rng);
-            if (d.tensors[i].access == Access::inout) d.tensors[i].compare = Compare::nmse;
-        }
+        // kv_len must never reach the output. Only keys that exist get values.
+        const auto [k_index, v_index] = add_caches(d, g, 1, Access::input, kNaN);
         if (!g.fp8() && (d.tensors[k_index].values.empty() || d.tensors[v_index].values.empty())) {
             // perf shapes: the caches are filled on the device
         } else {
@@ -260,30 +243,14 @@ OpCase attention_case(const AttentionSpec& s) {
             }
             for (size_t r = 0; !g.fp8() && r < resident.size(); ++r) {
                 const auto [seq, page] = resident[r];
-                for (int64_t slot = 0; slot < ps && page * ps + slot < s.kv_lens[size_t(seq)]; ++slot) {
-                    const bool fresh = fused && page * ps + slot >= s.kv_lens[size_t(seq)] - s.q_lens[size_t(seq)];
+                for (int64_t slot = 0; slot < ps && page * ps + slot < s.kv_lens[size_t(seq)]; ++slot)
                     for (int64_t h = 0; h < s.n_kv; ++h) {
-                        for (int64_t i = 0; i < s.dk; ++i)
-                            k_values[size_t(g.k_index(physical[r], slot, h, i))] = fresh ? kNaN : value(rng);
-                        for (int64_t i = 0; i < s.dv; ++i)
-                            v_values[size_t(g.v_index(physical[r], slot, h, i))] = fresh ? kNaN : value(rng);
+                        for (int64_t i = 0; i < s.dk; ++i) k_values[size_t(g.k_index(physical[r], slot, h, i))] = value(rng);
+                        for (int64_t i = 0; i < s.dv; ++i) v_values[size_t(g.v_index(physical[r], slot, h, i))] = value(rng);
                     }
-                }
             }
         }
-        if (fused) {  // the new keys' rows, unrotated and unscaled, and where the op stores them
-            d.tensors.push_back(act_input("k", src(0), {T, s.n_kv, s.dk}, rng));
-            d.tensors.push_back(act_input("v", src(1), {T, s.n_kv, s.dv}, rng));
-            d.tensors.push_back(i32_input("rope_positions", src(5), {T}, positions));
-            std::vector<int32_t> slots;
-            for (int64_t i = 0; i < n_seqs; ++i)
-                for (int q = 0; q < s.q_lens[size_t(i)]; ++q) {
-                    const int64_t key = s.kv_lens[size_t(i)] - s.q_lens[size_t(i)] + q;
-                    slots.push_back(int32_t(page_table[size_t(i * max_pages + key / ps)] * ps + key % ps));
-                }
-            d.tensors.push_back(i32_input("slot_mapping", {Slot::slot_mapping}, {T}, slots));
-        }
-        if (s.sinks) d.tensors.push_back(fixed_input("sinks", src(fused ? 6 : 3), DType::f32, {s.n_q}, rng, -1.f, 3.f));
+        if (s.sinks) d.tensors.push_back(fixed_input("sinks", src(3), DType::f32, {s.n_q}, rng, -1.f, 3.f));
         d.tensors.push_back(act_output("out", dst(0), {T, s.n_q, s.dv}));
 
         d.op.batch.n_seqs = int32_t(n_seqs);

@@ -54,7 +54,6 @@ const char* op_type_name(int type) {
         case XINFER_OP_SAMPLE: return "sample";
         case XINFER_OP_CONVERT: return "convert";
         case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
-        case XINFER_OP_ROPE_KV_STORE_ATTENTION: return "rope_kv_store_attention";
         case XINFER_OP_ADD_RMSNORM_MATMUL: return "add_rmsnorm_matmul";
         default: return "unknown";
     }
@@ -87,8 +86,6 @@ Roles roles_of(int type) {
         case XINFER_OP_SAMPLE: return {{"logits", "temperature", "top_p", "top_k", "uniform"}, {"ids"}};
         case XINFER_OP_CONVERT: return {{"src"}, {"dst"}};
         case XINFER_OP_ROPE_KV_STORE: return {{"k", "v", "k_cache", "v_cache", "q", "positions"}, {}};
-        case XINFER_OP_ROPE_KV_STORE_ATTENTION:
-            return {{"k", "v", "k_cache", "v_cache", "q", "positions", "sinks"}, {"out"}};
         case XINFER_OP_ADD_RMSNORM_MATMUL: return {{"residual", "x", "norm_weight", "w", "w_scale"}, {"y", "normed"}};
         default: return {};
     }

@@ -525,7 +525,11 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         }
         const AttentionBatch& group = batch.groups[size_t(batch.layer_group[il])];
         const LayerCache& cache = batch.caches[il];
-        const RopeParams rope{spec.rotary_dim, spec.rope_theta};
+        backend_.rope_kv_store(q, k, v, batch.positions, {spec.rotary_dim, spec.rope_theta}, config_.value_scale,
+                               cache.k, cache.v, group);
+        tap("q", layer, q);
+        tap("k", layer, k);
+        tap("v", layer, v);
         AttentionParams params;
         params.n_q_heads = spec.n_q_heads;
         params.n_kv_heads = spec.n_kv_heads;
@@ -536,16 +540,7 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         params.causal = true;
         params.page_size = int(cache.k.dim(1));
         Tensor attn = scratch.make(act, {n_tokens, n_q, dv});
-        if (batch.tap) {  // q, k and v as the attention reads them are tapped between the two ops
-            backend_.rope_kv_store(q, k, v, batch.positions, rope, config_.value_scale, cache.k, cache.v, group);
-            tap("q", layer, q);
-            tap("k", layer, k);
-            tap("v", layer, v);
-            backend_.attention(q, cache.k, cache.v, w.sinks, group, params, attn);
-        } else {  // one op where the backend fuses them (q, k, v are its scratch)
-            backend_.rope_kv_store_attention(q, k, v, batch.positions, rope, config_.value_scale, cache.k, cache.v,
-                                             w.sinks, group, params, attn);
-        }
+        backend_.attention(q, cache.k, cache.v, w.sinks, group, params, attn);
         tap("attn_output", layer, attn);
         backend_.matmul(attn.reshape({n_tokens, n_q * dv}), w.o_proj, block_out, w.o_proj_scale);
         tap("attn_proj", layer, block_out);

@@ -150,12 +150,6 @@ TEST(Cli, LogitsWritesNpyMatchingReference) {
     std::filesystem::remove(out);
 }
 
-// A layer's attention in a profile: ATTENTION, or ROPE_KV_STORE_ATTENTION where the decoder fuses
-// the prologue in front (every forward without tensor taps).
-bool is_attention_event(const std::string& name) {
-    return name.starts_with("attention L") || name.starts_with("rope_kv_store_attention L");
-}
-
 TEST(Cli, GenerateProfileWritesChromeTrace) {
     const Fixture f = load_fixture("mimo_hub_f32");
     const std::filesystem::path trace = std::filesystem::temp_directory_path() / "xinfer_test_trace.json";
@@ -165,7 +159,7 @@ TEST(Cli, GenerateProfileWritesChromeTrace) {
     const nlohmann::json json = nlohmann::json::parse(std::ifstream(trace));
     size_t attention_events = 0;
     for (const auto& event : json.at("traceEvents"))
-        if (event.value("cat", "") == "op" && is_attention_event(event.at("name").get<std::string>()))
+        if (event.value("cat", "") == "op" && event.at("name").get<std::string>().starts_with("attention L"))
             ++attention_events;
     // 3 forward steps (prefill + 2 decodes) × one attention per layer.
     EXPECT_EQ(attention_events, 3 * read_model_config(*Checkpoint::open(f.dir, false)).layers.size());
@@ -199,7 +193,7 @@ TEST(Cli, ServingBenchProfilesDecodeSteps) {
     size_t attention_events = 0;
     for (const auto& event : json.at("traceEvents")) {
         const std::string name = event.at("name").get<std::string>();
-        if (event.value("cat", "") == "op") attention_events += is_attention_event(name);
+        if (event.value("cat", "") == "op") attention_events += name.starts_with("attention L");
         else if (event.value("ph", "") == "X") regions.push_back(name);
     }
     ASSERT_EQ(regions.size(), 8u);

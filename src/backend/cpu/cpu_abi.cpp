@@ -84,12 +84,6 @@ void dispatch(const xinfer_op& op) {
             if (p.value_scale != 1.f) scale(src(1), p.value_scale);
             return kv_store(src(0), src(1), src(2), src(3), attention_batch(op));
         }
-        case XINFER_OP_ROPE_KV_STORE_ATTENTION: {  // the two ops it stands for (backend_abi.h), q, k, v in place
-            xinfer_op rope, attention;
-            xinfer_split_rope_kv_store_attention(&op, &rope, &attention);
-            dispatch(rope);
-            return dispatch(attention);
-        }
         case XINFER_OP_ADD_RMSNORM_MATMUL: {  // the two ops it stands for (backend_abi.h): normed, then y from it
             if (op.src[4].data)
                 fail("cpu: add_rmsnorm_matmul with block-scaled fp8 weights is not supported (dequantize at load)");
