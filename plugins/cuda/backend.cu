@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -398,7 +399,13 @@ int supports_op(void* p, const xinfer_op* op) {
 // graph is captured (decode steps), so a bench shows what each op type costs inside the replayed
 // step, launch and dependency included. Results are wrong with it: timing only, never for serving.
 bool skipped_for_timing(const Context* c, const xinfer_op* op) {
-    static const int64_t mask = env_int("XINFER_CUDA_TIMING_SKIP", 0);
+    static const int64_t mask = [] {
+        const int64_t m = env_int("XINFER_CUDA_TIMING_SKIP", 0);
+        if (m != 0)
+            std::fprintf(stderr, "xinfer cuda: XINFER_CUDA_TIMING_SKIP=%lld: ops of those types launch nothing in "
+                                 "captured graphs; results are wrong (timing only)\n", (long long)m);
+        return m;
+    }();
     return mask != 0 && c->capturing && op->type >= 0 && op->type < 63 && ((mask >> op->type) & 1) != 0;
 }
 
