@@ -2,8 +2,9 @@
 # What each op type costs inside a graph-replayed decode step, launch and dependency included:
 # `xinfer bench` once as it is, then once per op type with XINFER_CUDA_TIMING_SKIP set so that the
 # type's ops launch nothing in the captured graphs (results wrong: timing only). The step-time
-# difference is the type's in-graph cost, which ncu (kernels serialized) cannot show. Op types whose
-# absence would corrupt later ops (routing: garbage expert ids) are not skipped.
+# difference is the type's in-graph cost, which ncu (kernels serialized) cannot show. A skipped
+# type's outputs keep what the eager step before the capture wrote (MOE_ROUTE: that step's expert
+# ids, still in range), so the ops after it run on stale but valid data.
 # Default: batch-1 MiMo-V2-Flash shape (8 experts, dummy weights) at a 4K context.
 #
 #   scripts/gpu-op-costs.sh [MODEL_DIR ...]     (default: the bf16 and FP8 bench models)
@@ -16,8 +17,7 @@ OUT=${OUT:-$PWD/gpu-op-costs-out}
 mkdir -p "$OUT"
 [ $# -gt 0 ] || set -- bench/models/mimo_v2_flash_e8 bench/models/mimo_v2_flash_e8_fp8
 # xinfer_op_type bits (include/xinfer/backend_abi.h): RMSNORM 2, ADD_RMSNORM 3, MATMUL 4,
-# ATTENTION 10, MOE_ROUTE 11 (skipped only for its timing: the experts then read stale ids,
-# which stay in range), MOE_EXPERTS 12, ROPE_KV_STORE 16.
+# ATTENTION 10, MOE_ROUTE 11, MOE_EXPERTS 12, ROPE_KV_STORE 16.
 masks=("0 nothing" "12 rmsnorm+add_rmsnorm" "65536 rope_kv_store" "1024 attention" "2048 moe_route"
        "4096 moe_experts" "16 matmul")
 for model in "$@"; do
