@@ -730,6 +730,10 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
         const int64_t nt = min(n0, p.n - 1);
         scale_row = p.scale + ((nt / p.shard_rows) * p.blocks_per_shard + (nt % p.shard_rows) / p.block_rows) * p.scale_cols;
     }
+    const auto scales = [&] {  // the tile's scales in the warp's lanes (a K of up to 64 scale blocks)
+        if constexpr (kFp8) return WarpScales<2>(scale_row, p.scale_cols, p.block_cols, lane);
+        else return RowScales{nullptr, ColBlock(64)};  // (unused for bf16)
+    }();
     // B's column g is token g; columns past p.rows repeat the last token and are not stored.
     __half* x_f16 = reinterpret_cast<__half*>(mma_ring + kMmaGemvWarps * kMmaGemvRing * 2 * kMmaGemvU * 32);
     const __nv_bfloat16* xr = kF16 ? reinterpret_cast<const __nv_bfloat16*>(x_f16) + min(g, p.rows - 1) * K
@@ -762,13 +766,12 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
     // (independent mma chains), summed at the end.
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     float chunk_acc[kMmaGemvU][4] = {};
-    const ColBlock block_of(kFp8 ? p.block_cols : 64);  // (unused for bf16)
     const auto use_round = [&](const Round& r, int64_t kb) {
         const auto load_x = [&](uint32_t(&xw)[8], int64_t col, bool ok) {
             if constexpr (kF16) load_x_frag<true, kActShared>(xw, xr, col, ok);
             else load_x_frag<kFp8>(xw, xr, col, ok);
         };
-        if constexpr (kFp8) fp8_round_mma<kMmaGemvU, kF16>(r.r0, r.r1, kb, K, c, scale_row, block_of, load_x, acc);
+        if constexpr (kFp8) fp8_round_mma<kMmaGemvU, kF16>(r.r0, r.r1, kb, K, c, scales, load_x, acc);
         else bf16_round_mma<kMmaGemvU>(r.r0, r.r1, kb, K, c, load_x, chunk_acc);
     };
     if (active)

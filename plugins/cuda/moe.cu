@@ -604,7 +604,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                     if (h_in_smem) load_x_frag<true, kActShared>(xw, hr[0], col, ok);
                     else load_x_frag<true, kActL2>(xw, hr[0], col, ok);
                 };
-                fp8_round_mma<kU, false>(w.r0, w.r1, kb, I, c, scale_row, block_of, load_h, acc[0]);
+                fp8_round_mma<kU, false>(w.r0, w.r1, kb, I, c, RowScales{scale_row, block_of}, load_h, acc[0]);
             };
             const auto use_round = [&](const Round& w, int64_t kb) {
                 if constexpr (kFp8 && kNT == 1) {

@@ -224,16 +224,52 @@ struct ColBlock {
     __device__ __forceinline__ int operator()(int64_t col) const { return int(__umulhi(uint32_t(col), magic)); }
 };
 
+// A chunk's scale for fp8_round_mma, two ways. RowScales loads it (through L1) in every round.
+// WarpScales holds the row block's scales in the warp's lanes — lane l keeps scale_row[l + 32·s]
+// in slot s — so a chunk's scale is a shuffle: in mma_gemv_kernel the per-round load was an L1
+// miss the round's last FMAs waited on (H200, ops-test --perf, the FP8 q|k|v [14848, 4096] at
+// T = 1: 17.8 -> 17.3 µs, 81 -> 83.5% of copy). The expert kernels keep RowScales: there the
+// shuffles cost more than they saved (FP8 experts T = 1 56.5 -> 57.0 µs, T = 8 68.2 -> 70.3 µs;
+// docs/perf/2026-12-01-h200-session20.md). Rows with more than 32·kSlots scale blocks load the
+// rest. Constructed by the whole warp; the scales are weights, so this may run before the PDL wait.
+struct RowScales {
+    const float* row;
+    ColBlock block_of;
+    __device__ __forceinline__ float at(int64_t chunk) const { return __ldg(row + block_of(chunk)); }
+};
+template <int kSlots>
+struct WarpScales {
+    const float* row;
+    int cols;  // scale blocks in the row
+    ColBlock block_of;
+    float held[kSlots];
+    __device__ __forceinline__ WarpScales(const float* scale_row, int64_t scale_cols, int64_t block_cols, int lane)
+        : row(scale_row), cols(int(scale_cols)), block_of(block_cols) {
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) held[s] = lane + 32 * s < cols ? __ldg(row + lane + 32 * s) : 0.f;
+    }
+    // The scale of the chunk starting at column `chunk` (warp-uniform).
+    __device__ __forceinline__ float at(int64_t chunk) const {
+        const int b = block_of(chunk);
+        if (b >= 32 * kSlots) return __ldg(row + b);  // warp-uniform
+        float v = held[0];
+#pragma unroll
+        for (int s = 1; s < kSlots; ++s)
+            if (b >= 32 * s) v = held[s];
+        return __shfl_sync(0xffffffffu, v, b % 32);
+    }
+};
+
 // acc += Σ_u scale(chunk u) · A_u · X_u over one round of kU e4m3 chunks (64 columns each, rows g
 // and g + 8 of a 16-row tile in r0 / r1) at columns kb + 64u, against one 8-column activation tile.
-// load_x(xw, col, ok) loads the lane's activation fragment at column col (zero when !ok). The
-// chunks' mma chains are independent and run interleaved: one chain of 4 dependent mmas per chunk
-// left the warps waiting on the tensor core (a third of the FP8 mma_gemv_kernel's stall samples, ncu). Chunks
-// at or past `end` are zero and skipped; a chunk lies in one scale block (block_cols % 64 == 0).
-template <int kU, bool kF16, typename LoadX>
+// load_x(xw, col, ok) loads the lane's activation fragment at column col (zero when !ok); scales
+// (RowScales or WarpScales) gives a chunk's scale. The chunks' mma chains are independent and run interleaved:
+// one chain of 4 dependent mmas per chunk left the warps waiting on the tensor core (a third of the
+// FP8 mma_gemv_kernel's stall samples, ncu). Chunks at or past `end` are zero and skipped; a chunk
+// lies in one scale block (block_cols % 64 == 0).
+template <int kU, bool kF16, typename Scales, typename LoadX>
 __device__ __forceinline__ void fp8_round_mma(const uint4 (&r0)[kU], const uint4 (&r1)[kU], int64_t kb, int64_t end,
-                                              int c, const float* scale_row, ColBlock block_of, const LoadX& load_x,
-                                              float (&acc)[4]) {
+                                              int c, const Scales& scales, const LoadX& load_x, float (&acc)[4]) {
     constexpr int kChunk = 64;
     AFrag<true, kF16> f[kU];
     uint32_t xw[kU][8];
@@ -254,7 +290,7 @@ __device__ __forceinline__ void fp8_round_mma(const uint4 (&r0)[kU], const uint4
     for (int u = 0; u < kU; ++u) {
         const int64_t chunk = kb + u * kChunk;
         if (chunk >= end) break;  // warp-uniform
-        const float s = __ldg(scale_row + block_of(chunk));
+        const float s = scales.at(chunk);
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[u][i], s, acc[i]);
     }
