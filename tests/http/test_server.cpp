@@ -25,6 +25,18 @@ namespace {
 
 using json = nlohmann::json;
 
+// An engine on the test device. The suite's engine lives as long as the suite and some tests start
+// a second one beside it; on an accelerator each would plan its KV pool over 90% of the device's
+// memory, and the second would not fit (H200: "out of memory allocating 135084380160 bytes"). The
+// tiny fixture needs a few MiB of KV.
+EngineOptions engine_options(const std::string& model_dir) {
+    EngineOptions options;
+    options.model_dir = model_dir;
+    options.device = test_device();
+    options.kv_cache_memory = int64_t(256) << 20;
+    return options;
+}
+
 // Greedy tokens for `prompt` straight from the engine (before the server drives it).
 std::vector<int32_t> reference(Engine& engine, const std::vector<int32_t>& prompt, int max_tokens,
                                std::vector<int32_t> stop_ids = {}) {
@@ -39,9 +51,7 @@ std::vector<int32_t> reference(Engine& engine, const std::vector<int32_t>& promp
 class ServerTest : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
-        EngineOptions options;
-        options.model_dir = fixture_dir("qwen3_f32").string();
-        options.device = test_device();
+        EngineOptions options = engine_options(fixture_dir("qwen3_f32").string());
         options.max_num_seqs = 8;
         engine_ = Engine::create(options).release();
         const Fixture f = load_fixture("qwen3_f32");
@@ -339,9 +349,7 @@ TEST_F(ServerTest, MetricsCountRequests) {
 // A speculating engine behind the server: the same greedy tokens as without speculation, and
 // /metrics carries vLLM's spec_decode_* counters.
 TEST_F(ServerTest, SpeculationIsLosslessAndCounted) {
-    EngineOptions options;
-    options.model_dir = fixture_dir("qwen3_f32").string();
-    options.device = test_device();
+    EngineOptions options = engine_options(fixture_dir("qwen3_f32").string());
     options.speculative_config = R"({"method": "ngram", "num_speculative_tokens": 3})";
     std::unique_ptr<Engine> engine = Engine::create(options);
     std::vector<int32_t> prompt;
@@ -372,9 +380,7 @@ TEST_F(ServerTest, StopStringsAndTextWithATokenizer) {
     std::filesystem::copy(fixture_dir("qwen3_f32"), dir.path(), std::filesystem::copy_options::recursive);
     const int64_t vocab = load_fixture("qwen3_f32").vocab;
     write_byte_level_tokenizer(dir.path(), vocab);
-    EngineOptions options;
-    options.model_dir = dir.path().string();
-    options.device = test_device();
+    EngineOptions options = engine_options(dir.path().string());
     options.speculative_config = R"({"method": "ngram", "num_speculative_tokens": 3})";
     std::unique_ptr<Engine> engine = Engine::create(options);
     ASSERT_TRUE(engine->has_tokenizer());
