@@ -226,8 +226,8 @@ struct ColBlock {
 
 // A chunk's scale for fp8_round_mma, two ways. RowScales loads it (through L1) in every round.
 // WarpScales holds the row block's scales in the warp's lanes — lane l keeps scale_row[l + 32·s]
-// in slot s — so a chunk's scale is a shuffle: in mma_gemv_kernel the per-round load was an L1
-// miss the round's last FMAs waited on (H200, ops-test --perf, the FP8 q|k|v [14848, 4096] at
+// in slot s — so a chunk's scale is a shuffle, not a load the round's last FMAs wait on. In
+// mma_gemv_kernel that pays (H200, ops-test --perf, the FP8 q|k|v [14848, 4096] at
 // T = 1: 17.8 -> 17.3 µs, 81 -> 83.5% of copy). The expert kernels keep RowScales: there the
 // shuffles cost more than they saved (FP8 experts T = 1 56.5 -> 57.0 µs, T = 8 68.2 -> 70.3 µs;
 // docs/perf/2026-12-01-h200-session20.md). Rows with more than 32·kSlots scale blocks load the
