@@ -240,13 +240,13 @@ struct RowScales {
 template <int kSlots>
 struct WarpScales {
     const float* row;
-    int cols;  // scale blocks in the row
     ColBlock block_of;
     float held[kSlots];
+    // scale_cols: the scale blocks in the row.
     __device__ __forceinline__ WarpScales(const float* scale_row, int64_t scale_cols, int64_t block_cols, int lane)
-        : row(scale_row), cols(int(scale_cols)), block_of(block_cols) {
+        : row(scale_row), block_of(block_cols) {
 #pragma unroll
-        for (int s = 0; s < kSlots; ++s) held[s] = lane + 32 * s < cols ? __ldg(row + lane + 32 * s) : 0.f;
+        for (int s = 0; s < kSlots; ++s) held[s] = lane + 32 * s < int(scale_cols) ? __ldg(row + lane + 32 * s) : 0.f;
     }
     // The scale of the chunk starting at column `chunk` (warp-uniform).
     __device__ __forceinline__ float at(int64_t chunk) const {
@@ -263,10 +263,10 @@ struct WarpScales {
 // acc += Σ_u scale(chunk u) · A_u · X_u over one round of kU e4m3 chunks (64 columns each, rows g
 // and g + 8 of a 16-row tile in r0 / r1) at columns kb + 64u, against one 8-column activation tile.
 // load_x(xw, col, ok) loads the lane's activation fragment at column col (zero when !ok); scales
-// (RowScales or WarpScales) gives a chunk's scale. The chunks' mma chains are independent and run interleaved:
-// one chain of 4 dependent mmas per chunk left the warps waiting on the tensor core (a third of the
-// FP8 mma_gemv_kernel's stall samples, ncu). Chunks at or past `end` are zero and skipped; a chunk
-// lies in one scale block (block_cols % 64 == 0).
+// (RowScales or WarpScales) gives a chunk's scale. The chunks' mma chains are independent and run
+// interleaved: one chain of 4 dependent mmas per chunk left the warps waiting on the tensor core (a
+// third of the FP8 mma_gemv_kernel's stall samples, ncu). Chunks at or past `end` are zero and
+// skipped; a chunk lies in one scale block (block_cols % 64 == 0).
 template <int kU, bool kF16, typename Scales, typename LoadX>
 __device__ __forceinline__ void fp8_round_mma(const uint4 (&r0)[kU], const uint4 (&r1)[kU], int64_t kb, int64_t end,
                                               int c, const Scales& scales, const LoadX& load_x, float (&acc)[4]) {
