@@ -140,6 +140,7 @@ void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& opt
     engine_options.max_model_len = options.input_len + options.output_len;
     engine_options.kv_cache_dtype = options.kv_cache_dtype;
     engine_options.enforce_eager = model.enforce_eager;
+    engine_options.overlap_decode = options.overlap_decode;
     engine_options.speculative_config = options.speculative_config;
     if (model.max_cached_tokens > 0) engine_options.kv_cache_tokens = model.max_cached_tokens;
     std::unique_ptr<Engine> engine = Engine::create(engine_options);

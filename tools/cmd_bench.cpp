@@ -60,6 +60,8 @@ void add_bench_command(CLI::App& app) {
                     "cost of a verify step and of the drafter next to a decode step, and the speedup model");
     cmd->add_option("--spec-iterations", options->verify_iterations, "Timed repetitions per speculative measurement")
         ->default_val(20);
+    cmd->add_flag("!--no-overlap", options->serving.overlap_decode,
+                  "Decode step by step: the host waits for each step's token before it queues the next (A/B)");
     cmd->callback([options] {
         if (options->serving.concurrency.empty() && !options->serving.speculative_config.empty()) {
             if (!options->profile.empty())
@@ -132,7 +134,30 @@ void add_bench_command(CLI::App& app) {
         const bool windows = backend.props().host_memory != 0 && !profiler;
         std::vector<double> window_gbps, window_seconds;
         double decode_seconds = 0;
-        for (int64_t i = 0; i < options->gen_len; ++i) {
+        // Overlapped, as the engine decodes (EngineOptions::overlap_decode): step i + 1 is queued,
+        // reading step i's id on the device, before the host waits for that id.
+        const bool overlapped = options->serving.overlap_decode && backend.has_async_downloads() && !profiler && !windows;
+        if (overlapped) {
+            int32_t pending = 0;  // the newest step's id, landing at wait_downloads
+            Tensor ids;           // [1] on the device: the newest step's id
+            start = now_seconds();
+            for (int64_t i = 0; i < options->gen_len; ++i) {
+                const int64_t position = options->prompt_len + i;
+                SequenceChunk chunk{0, position, std::span(generated).last(1), false};  // i > 0: a placeholder
+                const Tensor logits = runner.step_on_device(std::span(&chunk, 1), {}, ids);
+                if (i > 0) {
+                    backend.wait_downloads();
+                    generated.push_back(pending);
+                    runner.set_token(0, position, pending);
+                }
+                ids = runner.argmax_rows_on_device(logits);
+                backend.download_async(ids, &pending);
+            }
+            backend.wait_downloads();
+            generated.push_back(pending);
+            decode_seconds = now_seconds() - start;
+        }
+        for (int64_t i = 0; i < options->gen_len && !overlapped; ++i) {
             if (windows && i % kWindowSteps == 0) {
                 window_gbps.push_back(backend.measure_copy_bandwidth_gbps());
                 window_seconds.push_back(0);
@@ -147,6 +172,10 @@ void add_bench_command(CLI::App& app) {
             if (windows) window_seconds.back() += step_seconds;
             if (profiler) profiler->end_region();
         }
+
+        // The last step's graph again, back to back: the device's own time per step, so that the
+        // host's share of a timed step (metadata, launch, argmax and the wait for its id) shows.
+        const double replay_seconds = profiler ? 0.0 : runner.time_last_decode_replay(16);
 
         const ParameterCounts params = count_parameters(config);
         const double prefill_tps = double(options->prompt_len) / prefill_seconds;
@@ -173,14 +202,22 @@ void add_bench_command(CLI::App& app) {
             fmt::print("prefill achieved {:.3g} TFLOP/s = {:.1f}% of the matmul rate measured now ({:.3g} TFLOP/s, {})\n",
                        prefill_gflops / 1e3, 100.0 * prefill_gflops / 1e3 / peak.tflops, peak.tflops, peak.what);
         fmt::print("decode:  {} tokens in {:.3f} s = {:.2f} tokens/s ({})\n", options->gen_len, decode_seconds, decode_tps,
-                   runner.graphs_enabled()
-                       ? fmt::format("graphs: {} captured in {:.2f} s, {} replays", captured, capture_seconds,
-                                     runner.graph_stats().replays)
-                       : std::string("eager"));
+                   (runner.graphs_enabled()
+                        ? fmt::format("graphs: {} captured in {:.2f} s, {} replays", captured, capture_seconds,
+                                      runner.graph_stats().replays)
+                        : std::string("eager")) +
+                       (overlapped ? ", overlapped" : ""));
         fmt::print("decode bytes/token: {:.1f} MB weights + {:.2f} MB KV = {:.1f} MB\n", weight_bytes / 1e6,
                    kv_bytes / 1e6, bytes_per_token / 1e6);
         fmt::print("decode achieved {:.2f} GB/s = {:.1f}% of measured bandwidth (roofline {:.2f} tokens/s)\n",
                    achieved_gbps, 100.0 * achieved_gbps / bandwidth_gbps, roofline_tps);
+        const double step_seconds = decode_seconds / double(options->gen_len);
+        if (replay_seconds > 0)
+            fmt::print("decode step {:.3f} ms; its graph alone, replayed 16 times back to back, {:.3f} ms "
+                       "({:.1f}% of the roofline): {:.1f} us a step are the host's (metadata, launch, argmax, the id's wait: what overlap does not hide)\n",
+                       step_seconds * 1e3, replay_seconds * 1e3,
+                       100.0 * bytes_per_token / replay_seconds / (bandwidth_gbps * 1e9),
+                       (step_seconds - replay_seconds) * 1e6);
         // Per window: steps · bytes / time over the copy bandwidth probed right before it.
         std::vector<double> window_fractions;
         for (size_t w = 0; w < window_seconds.size(); ++w) {
@@ -208,6 +245,7 @@ void add_bench_command(CLI::App& app) {
                                {"copy_bandwidth_gbps", bandwidth_gbps},
                                {"decode_bandwidth_fraction", achieved_gbps / bandwidth_gbps},
                                {"decode_graphs", runner.graphs_enabled()},
+                               {"decode_graph_replay_s", replay_seconds},
                                {"decode_window_fractions", window_fractions},
                                {"decode_window_median_fraction", median_fraction},
                                {"prefill_gflops", prefill_gflops}};

@@ -1,5 +1,5 @@
 /*
- * xinfer backend plugin ABI, version 1.
+ * xinfer backend plugin ABI, version 2.
  *
  * A backend for an accelerator is a shared library `libxinfer-<name>.so` exporting one C
  * symbol, `xinfer_backend_init`, which returns a table of function pointers. xinfer dlopens
@@ -27,7 +27,8 @@
 extern "C" {
 #endif
 
-#define XINFER_BACKEND_ABI_VERSION 1
+/* Version 2: upload reads its source before it returns; download_async and wait_downloads. */
+#define XINFER_BACKEND_ABI_VERSION 2
 
 enum {
     XINFER_OK = 0,
@@ -201,7 +202,7 @@ typedef struct xinfer_backend_api {
 
     int (*alloc)(void* ctx, size_t bytes, void** ptr);
     void (*free)(void* ctx, void* ptr);
-    int (*upload)(void* ctx, void* dst_device, const void* src_host, size_t bytes);     /* stream-ordered */
+    int (*upload)(void* ctx, void* dst_device, const void* src_host, size_t bytes);     /* stream-ordered; src_host is read before it returns */
     int (*download)(void* ctx, void* dst_host, const void* src_device, size_t bytes);   /* completes before return */
     int (*copy)(void* ctx, void* dst_device, const void* src_device, size_t bytes);
     int (*synchronize)(void* ctx);
@@ -226,6 +227,14 @@ typedef struct xinfer_backend_api {
     /* Optional: named ranges for vendor profilers (NVTX on CUDA). */
     void (*range_push)(void* ctx, const char* name);
     void (*range_pop)(void* ctx);
+
+    /* Optional (NULL: xinfer downloads synchronously instead): a stream-ordered copy into host
+       memory that returns at once; the bytes are in dst_host once wait_downloads returns, which
+       waits for the downloads queued so far and not for work queued after them. The host can
+       then queue the next decode step (reading this step's token ids on the device) before it
+       waits for this step's ids. Not allowed during graph capture. */
+    int (*download_async)(void* ctx, void* dst_host, const void* src_device, size_t bytes);
+    int (*wait_downloads)(void* ctx);
 } xinfer_backend_api;
 
 /* The one symbol a plugin exports. Returns NULL when no usable device exists on this system. */

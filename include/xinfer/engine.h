@@ -42,6 +42,11 @@ struct EngineOptions {
     // Run every step eagerly instead of replaying captured decode graphs (vLLM's --enforce-eager;
     // XINFER_CUDA_GRAPHS=0 does the same).
     bool enforce_eager = false;
+    // Overlapped decode (vLLM's async scheduling): when the next step is certain to be the same
+    // sequences decoding one more token each, it is queued on the device, fed with this step's
+    // sampled ids there, before the host waits for those ids; the device then never idles while
+    // the host hands out a step's tokens. Needs a backend with asynchronous downloads (CUDA).
+    bool overlap_decode = true;
 };
 
 // Speculative decoding counters (vLLM's spec_decode_* metrics): a draft is one verified chain.
@@ -105,6 +110,10 @@ struct EngineStats {
     // touched in total (each layer of each step counts the experts any of its tokens chose).
     int64_t census_moe_layer_steps = 0;
     int64_t census_distinct_experts = 0;
+    // Overlapped decode: steps queued on the device before the host had the previous step's
+    // tokens, and rows of them thrown away because their request had finished meanwhile.
+    int64_t overlapped_steps = 0;
+    int64_t overlap_wasted_rows = 0;
 };
 
 // What the loaded weights cost to read in a decode step, as held on the device (FP8-resident
@@ -152,6 +161,8 @@ public:
     // it touched (EngineStats::census_*): what a step's expert weights really cost to read,
     // where benchmarks would otherwise assume uniform routing. Counted steps run eagerly.
     void set_expert_census(bool on);
+    // EngineOptions::overlap_decode, switched at run time (tests compare the two).
+    void set_overlap_decode(bool on);
 
     struct Impl;
     explicit Engine(std::unique_ptr<Impl> impl);

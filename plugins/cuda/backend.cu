@@ -260,6 +260,8 @@ void context_destroy(void* p) {
     if (c->lt_workspace) cudaFree(c->lt_workspace);
     if (c->arrivals) cudaFree(c->arrivals);
     if (c->scratch) cudaFree(c->scratch);
+    if (c->download_staging) cudaFreeHost(c->download_staging);
+    if (c->downloads_done) cudaEventDestroy(c->downloads_done);
     for (void* r : c->retired) cudaFree(r);
     if (c->stream) cudaStreamDestroy(c->stream);
     delete c;
@@ -289,14 +291,18 @@ void free_(void* p, void* ptr) {
     if (ptr) cudaFree(ptr);  // cudaFree waits for work using it to finish
 }
 
-// Stream-ordered. From pageable host memory the runtime stages the bytes before returning; from
-// pinned memory the copy is truly asynchronous, so the host buffer must stay unchanged until the
-// next synchronize (the ABI's contract for upload).
+// Stream-ordered. From pageable host memory the runtime stages the bytes before it returns, as
+// the ABI asks; from pinned memory the copy would still be reading after the return, so that
+// source waits for its copy.
 int upload(void* p, void* dst, const void* src, size_t bytes) {
     Context* c = ctx_of(p);
     DeviceGuard guard(c);
     if (bytes == 0) return XINFER_OK;
     XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, src) == cudaSuccess && attributes.type == cudaMemoryTypeHost)
+        XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
+    cudaGetLastError();  // an unregistered pointer may leave an error behind on older runtimes
     return XINFER_OK;
 }
 
@@ -306,6 +312,47 @@ int download(void* p, void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return XINFER_OK;
     XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
+    return XINFER_OK;
+}
+
+// Into pinned staging (grown only while nothing is pending), then to dst in wait_downloads.
+constexpr size_t kMinDownloadStaging = 64 * 1024;
+
+int download_async(void* p, void* dst, const void* src, size_t bytes) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    if (c->capturing) {
+        set_error(c, "download_async during graph capture");
+        return XINFER_ERROR;
+    }
+    if (bytes == 0) return XINFER_OK;
+    const size_t offset = (c->pending_download_bytes + 15) / 16 * 16;
+    if (offset + bytes > c->download_staging_bytes) {
+        if (!c->pending_downloads.empty()) return download(p, dst, src, bytes);  // in order, just not overlapped
+        if (c->download_staging) cudaFreeHost(c->download_staging);
+        c->download_staging = nullptr;
+        c->download_staging_bytes = 0;
+        const size_t size = std::max(kMinDownloadStaging, bytes);
+        XCUDA_TRY(c, cudaMallocHost(&c->download_staging, size));
+        c->download_staging_bytes = size;
+    }
+    if (!c->downloads_done) XCUDA_TRY(c, cudaEventCreateWithFlags(&c->downloads_done, cudaEventDisableTiming));
+    XCUDA_TRY(c, cudaMemcpyAsync(c->download_staging + offset, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    XCUDA_TRY(c, cudaEventRecord(c->downloads_done, c->stream));
+    c->pending_downloads.push_back({dst, offset, bytes});
+    c->pending_download_bytes = offset + bytes;
+    return XINFER_OK;
+}
+
+int wait_downloads(void* p) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    if (c->pending_downloads.empty()) return XINFER_OK;
+    XCUDA_TRY(c, cudaEventSynchronize(c->downloads_done));
+    for (const Context::PendingDownload& d : c->pending_downloads)
+        std::memcpy(d.dst, c->download_staging + d.offset, d.bytes);
+    c->pending_downloads.clear();
+    c->pending_download_bytes = 0;
     return XINFER_OK;
 }
 
@@ -542,6 +589,8 @@ const xinfer_backend_api kApi = {
     event_destroy,
     range_push,
     range_pop,
+    download_async,
+    wait_downloads,
 };
 
 }  // namespace

@@ -54,6 +54,16 @@ struct Context {
     // Arrival counters of kernels whose last block finishes for the grid (gemm.cu's norm-fused
     // router); each such kernel leaves its counter at zero.
     int* arrivals = nullptr;
+    // download_async: pinned staging the copies land in, and where each goes once waited for.
+    struct PendingDownload {
+        void* dst;
+        size_t offset, bytes;
+    };
+    char* download_staging = nullptr;  // cudaMallocHost, download_staging_bytes
+    size_t download_staging_bytes = 0;
+    std::vector<PendingDownload> pending_downloads;
+    size_t pending_download_bytes = 0;
+    cudaEvent_t downloads_done = nullptr;  // recorded after the latest download_async
     int live_graphs = 0;
     bool capturing = false;
     std::map<GemmKey, cublasLtMatmulAlgo_t> algo_cache;

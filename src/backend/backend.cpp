@@ -77,6 +77,13 @@ void Backend::upload(const Tensor& dst, const void* host_src) { check(api_->uplo
 void Backend::download(const Tensor& src, void* host_dst) {
     check(api_->download(ctx_, host_dst, src.data, src.nbytes()), "download");
 }
+void Backend::download_async(const Tensor& src, void* host_dst) {
+    if (!has_async_downloads()) return download(src, host_dst);
+    check(api_->download_async(ctx_, host_dst, src.data, src.nbytes()), "download_async");
+}
+void Backend::wait_downloads() {
+    if (has_async_downloads()) check(api_->wait_downloads(ctx_), "wait_downloads");
+}
 void Backend::copy(const Tensor& dst, const Tensor& src) {
     XINFER_CHECK(dst.nbytes() == src.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());
     check(api_->copy(ctx_, dst.data, src.data, src.nbytes()), "copy");

@@ -107,9 +107,14 @@ public:
 
     // ---- memory -------------------------------------------------------------------------
     Buffer alloc(size_t bytes);
-    void upload(const Tensor& dst, const void* host_src);    // dst.nbytes() bytes; host_src must stay
-                                                              // unchanged until the next synchronize()
+    void upload(const Tensor& dst, const void* host_src);    // dst.nbytes() bytes, read before it returns
     void download(const Tensor& src, void* host_dst);        // src.nbytes() bytes, completes before return
+    // Stream-ordered download that returns at once: host_dst holds src's bytes once
+    // wait_downloads() returns, which does not wait for work queued after the downloads.
+    // Backends without the ABI's download_async download here, before returning.
+    void download_async(const Tensor& src, void* host_dst);
+    void wait_downloads();
+    bool has_async_downloads() const { return api_->download_async && api_->wait_downloads; }
     void copy(const Tensor& dst, const Tensor& src);         // device to device, same byte size
     void synchronize();
     // Device memory bandwidth measured now with a large copy: (bytes read + bytes written) /

@@ -157,6 +157,71 @@ void Engine::Impl::observe(const std::vector<ScheduledChunk>& plan, const std::v
     drafter->observe(hidden);
 }
 
+std::vector<Runner::RowSampling> Engine::Impl::sampling_rows(const std::vector<ScheduledChunk>& plan,
+                                                              const std::vector<std::vector<int32_t>>& drafts) {
+    std::vector<Runner::RowSampling> rows;
+    for (size_t i = 0; i < plan.size(); ++i) {
+        rows.resize(rows.size() + drafts[i].size());  // chain rows: argmax
+        Runner::RowSampling last;
+        Sampler& sampler = plan[i].request->sampler;
+        if (plan[i].samples && !sampler.greedy())
+            last = {sampler.params().temperature, sampler.params().top_p, int32_t(sampler.params().top_k),
+                    sampler.uniform()};
+        rows.push_back(last);
+    }
+    return rows;
+}
+
+void Engine::Impl::queue_next(const std::vector<ScheduledChunk>& plan, const Tensor& ids) {
+    // Only where nothing the host learns from this step's tokens could change the next plan but
+    // a request's stop (its row of the queued step is then thrown away): plain sampled decodes,
+    // nobody waiting to be admitted, no length limit reached, no drafter, profiler or census.
+    if (!overlap || drafter || profiler || expert_census || !runner->backend().has_async_downloads()) return;
+    if (scheduler->n_waiting() > 0 || int64_t(plan.size()) > scheduler_options.max_num_batched_tokens) return;
+    // Chunk i's token must be row i of ids: not so for a queued step that lost rows (its next runs unqueued).
+    if (ids.numel() != int64_t(plan.size())) return;
+    {
+        std::lock_guard<std::mutex> lock(inbox_mutex);
+        if (!inbox.empty()) return;
+    }
+    const int64_t max_model_len = scheduler_options.max_model_len;
+    for (const ScheduledChunk& c : plan) {
+        const Request& r = *c.request;
+        if (c.count != 1 || !c.samples || c.lookahead > 0 || c.start + 1 != r.n_tokens()) return;
+        if (r.n_generated() + 1 >= r.max_tokens || (max_model_len > 0 && r.n_tokens() + 1 >= max_model_len)) return;
+    }
+    // Slots for the token being picked now (position n_tokens()); complete() keeps them (reserved).
+    KvCacheManager& kv = runner->kv();
+    for (const ScheduledChunk& c : plan)
+        if (!kv.allocate(int(c.request->id), c.request->n_tokens() + 1)) return;  // complete() trims the others
+    QueuedStep next;
+    std::vector<SequenceChunk> chunks;
+    const int32_t placeholder = 0;  // the token comes from ids on the device
+    for (size_t i = 0; i < plan.size(); ++i) {
+        Request& r = *plan[i].request;
+        r.reserved = r.n_tokens() + 1;
+        next.plan.push_back({&r, r.n_tokens(), 1, true, 0});
+        next.rows.push_back(int64_t(i));
+        chunks.push_back({int(r.id), r.n_tokens(), std::span(&placeholder, 1), false});
+    }
+    const Tensor logits = runner->forward_on_device(chunks, {}, ids);
+    next.ids = runner->sample_rows_on_device(logits, sampling_rows(next.plan, std::vector<std::vector<int32_t>>(plan.size())));
+    queued = std::move(next);
+    ++overlapped_steps;
+}
+
+void Engine::Impl::drop_queued(uint64_t id) {
+    if (!queued) return;
+    for (size_t i = 0; i < queued->plan.size(); ++i) {
+        if (queued->plan[i].request->id != id) continue;
+        queued->plan.erase(queued->plan.begin() + long(i));
+        queued->rows.erase(queued->rows.begin() + long(i));
+        ++overlap_wasted_rows;
+        break;
+    }
+    if (queued->plan.empty()) queued.reset();
+}
+
 uint64_t Engine::submit(std::vector<int32_t> prompt, const SamplingParams& sampling, int max_tokens,
                         std::vector<int32_t> stop_ids, StreamCallback callback) {
     if (prompt.empty()) fail("submit: empty prompt");
@@ -187,6 +252,7 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const SamplingParams& sampl
 bool Engine::abort(uint64_t id) {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     impl_->drain_inbox();  // a request submitted a moment ago is abortable too
+    impl_->drop_queued(id);
     std::unique_ptr<Request> request = impl_->scheduler->abort(id);  // frees its pages now
     if (!request) return false;
     if (impl_->drafter) impl_->drafter->release(int(id));
@@ -202,20 +268,33 @@ std::vector<RequestOutput> Engine::step() {
     e.drain_inbox();
     std::vector<RequestOutput> outputs;
     outputs.swap(e.pending);
-    std::vector<ScheduledChunk> plan = e.scheduler->schedule();
+    // A step queued by the previous one (overlapped decode) is on the device already, its
+    // finished requests taken out; else the scheduler plans this one.
+    std::vector<ScheduledChunk> plan;
+    std::vector<int64_t> first_rows;  // token row of each chunk in the forward
+    std::vector<int64_t> out_rows;    // first logits (and picked-token) row of each chunk
+    Tensor device_ids;                // [rows] picked tokens on the device (queued steps and on_device)
+    if (e.queued) {
+        plan = std::move(e.queued->plan);
+        out_rows = std::move(e.queued->rows);
+        device_ids = e.queued->ids;
+        e.queued.reset();
+    }
+    const bool was_queued = !plan.empty();
+    if (!was_queued) plan = e.scheduler->schedule();
     if (e.drafter)
         for (uint64_t id : e.scheduler->take_preempted()) e.drafter->release(int(id));
     if (plan.empty()) return outputs;
     ProfileRegion region(e.profiler.get(), e.steps, plan);
 
     // A decode with drafts verifies the chain [anchor, d1 … dk] and needs logits for every row.
-    const std::vector<std::vector<int32_t>> drafts = e.propose(plan);
+    const std::vector<std::vector<int32_t>> drafts =
+        was_queued ? std::vector<std::vector<int32_t>>(plan.size()) : e.propose(plan);
     std::vector<std::vector<int32_t>> chains(plan.size());
     std::vector<SequenceChunk> chunks;
-    std::vector<int64_t> first_rows;  // token row of each chunk in the forward
     chunks.reserve(plan.size());
     int64_t rows = 0;
-    for (size_t i = 0; i < plan.size(); ++i) {
+    for (size_t i = 0; i < plan.size() && !was_queued; ++i) {
         const ScheduledChunk& c = plan[i];
         std::span<const int32_t> tokens = std::span<const int32_t>(c.request->tokens).subspan(size_t(c.start), size_t(c.count));
         if (!drafts[i].empty()) {
@@ -226,6 +305,7 @@ std::vector<RequestOutput> Engine::step() {
         chunks.push_back({int(c.request->id), c.start, tokens, !drafts[i].empty()});
         first_rows.push_back(rows);
         rows += int64_t(tokens.size());
+        out_rows.push_back(i == 0 ? 0 : out_rows.back() + int64_t(drafts[i - 1].size()) + 1);
     }
     // Tokens are picked on the device (one id per logits row downloaded instead of the row) unless
     // a chain must be verified by rejection sampling, which needs whole distributions on the host.
@@ -244,23 +324,20 @@ std::vector<RequestOutput> Engine::step() {
             e.census_distinct_experts += std::count_if(host.begin(), host.end(), [](int32_t id) { return id >= 0; });
             ++e.census_moe_layer_steps;
         };
-    const Tensor device_logits = e.runner->forward_on_device(chunks, census);
     std::vector<float> logits;
     std::vector<int32_t> device_tokens;  // [rows] when on_device
+    if (!was_queued) {
+        const Tensor device_logits = e.runner->forward_on_device(chunks, census);
+        if (on_device) device_ids = e.runner->sample_rows_on_device(device_logits, e.sampling_rows(plan, drafts));
+        else logits = e.runner->download_logits(device_logits);
+    }
     if (on_device) {
-        std::vector<Runner::RowSampling> rows_sampling;
-        for (size_t i = 0; i < plan.size(); ++i) {
-            rows_sampling.resize(rows_sampling.size() + drafts[i].size());  // chain rows: argmax
-            Runner::RowSampling last;
-            Sampler& sampler = plan[i].request->sampler;
-            if (plan[i].samples && !sampler.greedy())
-                last = {sampler.params().temperature, sampler.params().top_p, int32_t(sampler.params().top_k),
-                        sampler.uniform()};
-            rows_sampling.push_back(last);
-        }
-        device_tokens = e.runner->sample_rows(device_logits, rows_sampling);
-    } else {
-        logits = e.runner->download_logits(device_logits);
+        // The ids' download is queued before the next step, so it lands while that step runs.
+        device_tokens.resize(size_t(device_ids.numel()));
+        Backend& backend = e.runner->backend();
+        backend.download_async(device_ids, device_tokens.data());
+        e.queue_next(plan, device_ids);
+        backend.wait_downloads();
     }
     ++e.steps;
 
@@ -270,14 +347,12 @@ std::vector<RequestOutput> Engine::step() {
     const auto now = std::chrono::steady_clock::now();
     std::vector<std::vector<int32_t>> emitted(plan.size());
     std::vector<int> accepted(plan.size(), -1);
-    size_t logits_row = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
-        const size_t n_rows = drafts[i].size() + 1;
+        const size_t n_rows = drafts[i].size() + 1, row = size_t(out_rows[i]);
         const std::span<const float> chunk_logits =
-            on_device ? std::span<const float>{} : std::span(logits).subspan(logits_row * size_t(vocab), n_rows * size_t(vocab));
+            on_device ? std::span<const float>{} : std::span(logits).subspan(row * size_t(vocab), n_rows * size_t(vocab));
         const std::span<const int32_t> chunk_tokens =
-            on_device ? std::span(device_tokens).subspan(logits_row, n_rows) : std::span<const int32_t>{};
-        logits_row += n_rows;
+            on_device ? std::span(device_tokens).subspan(row, n_rows) : std::span<const int32_t>{};
         if (!plan[i].samples) continue;
         Request& r = *plan[i].request;
         emitted[i] = emit_tokens(r, chunk_logits, chunk_tokens, vocab, drafts[i], e.scheduler_options.max_model_len,
@@ -294,6 +369,7 @@ std::vector<RequestOutput> Engine::step() {
     const std::vector<std::unique_ptr<Request>> finished = e.scheduler->complete(plan);
     if (e.drafter)
         for (const std::unique_ptr<Request>& r : finished) e.drafter->release(int(r->id));
+    for (const std::unique_ptr<Request>& r : finished) e.drop_queued(r->id);
     for (size_t i = 0; i < plan.size(); ++i) {
         if (emitted[i].empty()) continue;
         Request& r = *plan[i].request;
@@ -339,7 +415,14 @@ EngineStats Engine::stats() const {
     s.spec = impl_->spec;
     s.census_moe_layer_steps = impl_->census_moe_layer_steps;
     s.census_distinct_experts = impl_->census_distinct_experts;
+    s.overlapped_steps = impl_->overlapped_steps;
+    s.overlap_wasted_rows = impl_->overlap_wasted_rows;
     return s;
+}
+
+void Engine::set_overlap_decode(bool on) {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->overlap = on;
 }
 
 void Engine::set_expert_census(bool on) {

@@ -83,6 +83,15 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     }
     if (!plan.fits)
         fail("the configuration does not fit {} (nothing was loaded):\n{}", backend->name(), plan.report());
+    // The budget is a fraction of the device's total memory; another process (or another engine)
+    // holding part of it would otherwise surface as an out-of-memory error halfway through the
+    // load. Host backends are left out: their free figure counts neither page cache nor swap.
+    if (!host && options.device_memory == 0 && backend->props().free_memory > 0) {
+        const std::string shortfall = free_memory_shortfall(plan, backend->props().free_memory);
+        if (!shortfall.empty())
+            fail("the configuration does not fit what is free on {} (nothing was loaded): {}", backend->name(),
+                 shortfall);
+    }
 
     auto model = load_model(*checkpoint, *backend, load_options);
 
@@ -117,6 +126,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options) {
     impl->owned_runner = std::move(runner);
     impl->owned_drafter = std::move(drafter);
     impl->plan_report = plan.report();
+    impl->overlap = options.overlap_decode;
     impl->owned_detokenizer = std::move(detokenizer);
     impl->detokenizer = impl->owned_detokenizer.get();
     impl->encoder = std::move(encoder);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace xinfer {
@@ -43,6 +44,17 @@ struct Engine::Impl {
     bool expert_census = false;
     int64_t census_moe_layer_steps = 0, census_distinct_experts = 0;
 
+    // Overlapped decode (vLLM's async scheduling): the next step, already queued on the device
+    // behind the current one (queue_next). Its chunk i reads row rows[i] of ids.
+    struct QueuedStep {
+        std::vector<ScheduledChunk> plan;
+        std::vector<int64_t> rows;
+        Tensor ids;  // [plan rows] i32 on the device: each row's picked token
+    };
+    std::optional<QueuedStep> queued;
+    bool overlap = true;  // EngineOptions / set_overlap_decode: queue_next may run
+    int64_t overlapped_steps = 0, overlap_wasted_rows = 0;
+
     mutable std::mutex inbox_mutex;  // submit() only takes this one, so it never waits for a step
     std::vector<std::unique_ptr<Request>> inbox;
     std::atomic<uint64_t> next_id{1};
@@ -51,6 +63,17 @@ struct Engine::Impl {
     void drain_inbox();  // with `mutex` held
     // The drafts of each chunk of a step (empty where none), proposed for decodes with lookahead.
     std::vector<std::vector<int32_t>> propose(const std::vector<ScheduledChunk>& plan);
+    // Device sampling rows for a step's chunks: chain rows argmax, the last row as the request
+    // samples (draws its uniform from the request's stream, as Sampler::sample does).
+    std::vector<Runner::RowSampling> sampling_rows(const std::vector<ScheduledChunk>& plan,
+                                                   const std::vector<std::vector<int32_t>>& drafts);
+    // When the step after `plan` is certain to be every one of its sequences decoding the token
+    // `ids` (the plan's picked tokens, on the device) holds, queues that step now, fed with those
+    // ids on the device, into `queued`: the device computes it while the host waits for this
+    // step's ids and hands out their tokens. Called after this step's ids were queued for download.
+    void queue_next(const std::vector<ScheduledChunk>& plan, const Tensor& ids);
+    // Takes a finished or aborted request out of the queued step (its row is thrown away).
+    void drop_queued(uint64_t id);
     // Hands the drafter the hidden states of every chunk's committed rows.
     void observe(const std::vector<ScheduledChunk>& plan, const std::vector<int64_t>& first_rows);
 };

@@ -204,7 +204,7 @@ void DecodeGraphs::capture(Bucket& bucket) {
     }
 }
 
-std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunks) {
+std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunks, const Tensor& device_tokens) {
     const int n = int(chunks.size());
     const int size = pick_graph_batch(sizes_, n);
     if (size == 0 || !is_plain_decode(chunks)) return std::nullopt;
@@ -223,14 +223,29 @@ std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunk
     }
     if (!fill_decode_metadata(bucket.layout, rows, tokens_per_page_, staging_)) return std::nullopt;
     upload_metadata(bucket);
+    if (device_tokens.data)
+        backend_.copy(Tensor(static_cast<int32_t*>(metadata_.data()) + bucket.layout.token_ids, DType::i32, {int64_t(n)}),
+                      device_tokens);
     if (bucket.graph) {
         backend_.graph_launch(bucket.graph);
+        last_graph_ = bucket.graph;
         ++stats_.replays;
     } else {
         capture(bucket);
         ++stats_.capture_steps;
     }
     return logits_for(n);
+}
+
+double DecodeGraphs::time_last_replay(int n) {
+    if (!last_graph_ || !backend_.has_events() || n <= 0) return 0;
+    void* start = backend_.event_record();
+    for (int i = 0; i < n; ++i) backend_.graph_launch(last_graph_);
+    void* end = backend_.event_record();
+    const double seconds = backend_.event_elapsed_ms(start, end) / 1e3 / n;
+    backend_.event_destroy(start);
+    backend_.event_destroy(end);
+    return seconds;
 }
 
 int DecodeGraphs::capture_all() {

@@ -102,11 +102,18 @@ public:
     // first if needed; returns the device logits [chunks.size(), vocab] (valid until the next
     // step; not synchronized). nullopt when the step does not fit a graph (too many sequences, a
     // sequence beyond max_seq_len, a failed capture): the caller runs it eagerly.
-    std::optional<Tensor> forward(std::span<const SequenceChunk> chunks);
+    // device_tokens ([chunks.size()] i32 on the device), when given, replace the chunks' token
+    // ids (see Runner::forward_on_device).
+    std::optional<Tensor> forward(std::span<const SequenceChunk> chunks, const Tensor& device_tokens = {});
     // Captures every bucket not captured yet, each from an eager run of an all-inert batch
     // (writes no K/V), as vLLM does at startup. Returns the number captured.
     int capture_all();
 
+    // Device seconds per replay of the graph the last step launched, relaunched `n` times back to
+    // back between two events (no host work in between; it rewrites the same K/V slots with the
+    // same values, so the cache is unchanged). A step's wall time minus this is the host's share:
+    // metadata, launch, the logits' wait. 0 when no graph was launched or the backend has no events.
+    double time_last_replay(int n);
     const std::vector<int>& batch_sizes() const { return sizes_; }
     const std::vector<int64_t>& widths() const { return widths_; }
     const GraphStats& stats() const { return stats_; }
@@ -132,6 +139,7 @@ private:
     std::vector<int64_t> widths_;           // [groups] page-table width
     std::vector<int64_t> tokens_per_page_;  // [groups]
     std::vector<Bucket> buckets_;           // [sizes_.size()]
+    void* last_graph_ = nullptr;            // the graph the last replay launched
     Buffer metadata_;                       // int32 [largest bucket's layout.size]
     Buffer logits_;                         // f32 [largest bucket, vocab]
     std::vector<int32_t> staging_;          // host copy of the step's metadata (alive until the caller's download syncs)

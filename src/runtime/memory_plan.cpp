@@ -371,6 +371,34 @@ MemoryPlan plan_memory(const ModelConfig& config, const PlanOptions& options) {
     return plan;
 }
 
+uint64_t planned_device_bytes(const MemoryPlan& plan) {
+    return plan.weight_bytes + plan.workspace_bytes + plan.speculative_bytes + uint64_t(std::max<int64_t>(0, plan.kv_bytes));
+}
+
+std::string free_memory_shortfall(const MemoryPlan& plan, uint64_t free_bytes) {
+    const uint64_t needed = planned_device_bytes(plan);
+    if (needed <= free_bytes) return {};
+    const PlanOptions& o = plan.options;
+    const uint64_t fixed = needed - uint64_t(std::max<int64_t>(0, plan.kv_bytes));
+    std::string advice;
+    if (fixed >= free_bytes) {
+        advice = "not even the weights and workspace fit: free memory held by other processes";
+    } else if (o.kv_cache_memory > 0) {
+        advice = fmt::format("a --kv-cache-memory of at most {} would fit", bytes_text(double(free_bytes - fixed)));
+    } else {
+        // The largest utilization (in hundredths, rounded down) whose budget is free now.
+        const double fits = std::floor(100.0 * double(free_bytes) / double(o.device_memory)) / 100.0;
+        advice = fmt::format("--gpu-memory-utilization {:.2f} (a {} budget) would fit what is free", fits,
+                             bytes_text(fits * double(o.device_memory)));
+    }
+    return fmt::format("the plan needs {} on the device (weights {} + workspace {} + speculative {} + KV pool {}) "
+                       "but only {} of its {} is free; {}",
+                       bytes_text(double(needed)), bytes_text(double(plan.weight_bytes)),
+                       bytes_text(double(plan.workspace_bytes)), bytes_text(double(plan.speculative_bytes)),
+                       bytes_text(double(std::max<int64_t>(0, plan.kv_bytes))), bytes_text(double(free_bytes)),
+                       bytes_text(double(o.device_memory)), advice);
+}
+
 std::string MemoryPlan::report() const {
     const PlanOptions& o = options;
     std::string out;

@@ -84,6 +84,14 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const ModelConfig& config, const PlanOptions& options);
 
+// Bytes the plan takes from the device once loaded: weights, workspace, speculative reserve and
+// the KV pool (the whole budget when the pool is sized from it).
+uint64_t planned_device_bytes(const MemoryPlan& plan);
+// Empty when the plan's bytes fit in `free_bytes` (what the device has free before loading: other
+// processes, or another engine, may hold part of it); else why not and what would fit, in the
+// terms of vLLM's startup check (gpu_memory_utilization is a fraction of the total, not the free).
+std::string free_memory_shortfall(const MemoryPlan& plan, uint64_t free_bytes);
+
 // Pages one sequence of n_tokens holds at most, every group together, when it is prefilled in
 // chunks of at most `chunk` tokens (sliding groups: the window plus the chunk, page-rounded).
 int64_t max_pages_per_sequence(const KvLayout& layout, int64_t n_tokens, int64_t chunk);

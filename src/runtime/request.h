@@ -33,6 +33,7 @@ struct Request {
     size_t text_taken = 0;  // bytes of `text` handed out by take_text()
 
     int64_t computed = 0;         // tokens whose K/V are in the cache
+    int64_t reserved = 0;         // slots a step queued on the device writes (overlapped decode): kept
     int64_t cached_prompt = 0;    // prompt tokens reused from the prefix cache at first admission
     int n_preemptions = 0;
     SpecCounters spec;  // speculative decoding totals

@@ -102,24 +102,30 @@ template <typename T>
 std::vector<T> Runner::download_synchronized(const Tensor& t) {
     std::vector<T> host(size_t(t.numel()));
     backend_.download(t, host.data());
-    backend_.synchronize();  // the step's uploads have been read too
-    unsynchronized_ = false;
     return host;
 }
 
 std::vector<int32_t> Runner::argmax_rows(const Tensor& logits) {
+    return download_synchronized<int32_t>(argmax_rows_on_device(logits));
+}
+
+Tensor Runner::argmax_rows_on_device(const Tensor& logits) {
     const int64_t rows = logits.dim(0);
     if (argmax_ids_.bytes() < size_t(rows) * sizeof(int32_t)) argmax_ids_ = backend_.alloc(size_t(rows) * sizeof(int32_t));
     const Tensor ids(argmax_ids_.data(), DType::i32, {rows});  // [n_out]
     backend_.argmax(logits, ids);
-    return download_synchronized<int32_t>(ids);
+    return ids;
 }
 
 std::vector<int32_t> Runner::sample_rows(const Tensor& logits, std::span<const RowSampling> rows) {
+    return download_synchronized<int32_t>(sample_rows_on_device(logits, rows));
+}
+
+Tensor Runner::sample_rows_on_device(const Tensor& logits, std::span<const RowSampling> rows) {
     const int64_t n = logits.dim(0);
     XINFER_CHECK(int64_t(rows.size()) == n, "sample_rows: {} sampling rows for {} logits rows", rows.size(), n);
     if (std::all_of(rows.begin(), rows.end(), [](const RowSampling& r) { return r.temperature <= 0.f; }))
-        return argmax_rows(logits);
+        return argmax_rows_on_device(logits);
     // The op's four [n] inputs as consecutive columns of 4-byte values (one upload), then the ids.
     std::vector<int32_t> args(size_t(4 * n));
     for (size_t r = 0; r < rows.size(); ++r) {
@@ -135,18 +141,15 @@ std::vector<int32_t> Runner::sample_rows(const Tensor& logits, std::span<const R
     const Tensor ids = column(4, DType::i32);
     backend_.sample(logits, column(0, DType::f32), column(1, DType::f32), column(2, DType::i32), column(3, DType::f32),
                     ids);
-    return download_synchronized<int32_t>(ids);
+    return ids;
 }
 
-Tensor Runner::forward_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap) {
+Tensor Runner::forward_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap, const Tensor& device_tokens) {
     XINFER_CHECK(!chunks.empty(), "empty step");
-    // The previous step's uploads read host memory this step overwrites.
-    if (unsynchronized_) backend_.synchronize();
-    unsynchronized_ = true;
     // Plain decode steps replay their bucket's graph; a graph would hide taps, the feature
     // copies and per-op observation, so those steps run eagerly.
     if (graphs_enabled_ && !tap && feature_layers_.empty() && !backend_.has_op_observer() && is_plain_decode(chunks))
-        if (std::optional<Tensor> logits = decode_graphs().forward(chunks)) return *logits;
+        if (std::optional<Tensor> logits = decode_graphs().forward(chunks, device_tokens)) return *logits;
     const KvLayout& layout = kv_.layout();
     std::vector<int32_t> token_ids, positions, cu_q_lens{0}, kv_lens, logit_rows;
     for (const SequenceChunk& chunk : chunks) {
@@ -166,21 +169,20 @@ Tensor Runner::forward_on_device(std::span<const SequenceChunk> chunks, const Ta
     const int n_tokens = int(token_ids.size()), n_seqs = int(chunks.size());
     check_tokens_are_newest_keys(cu_q_lens, kv_lens, positions);
 
-    // Host metadata → backend tensors in the step workspace. Uploads are stream-ordered, so
-    // the host vectors are kept until the step's synchronize (in download_logits/argmax_rows).
+    // Host metadata → backend tensors in the step workspace (an upload has read its source when
+    // it returns). The workspace's slots may still be read by the previous step on the device:
+    // uploads are stream-ordered, so they land after it.
     workspace_.reset();
-    host_metadata_.clear();
-    host_metadata_.reserve(5 + 2 * layout.groups.size());
-    auto upload = [&](std::vector<int32_t> host, std::initializer_list<int64_t> dims) {
+    auto upload = [&](const std::vector<int32_t>& host, std::initializer_list<int64_t> dims) {
         Tensor t = workspace_.make(DType::i32, dims);
-        host_metadata_.push_back(std::move(host));
-        backend_.upload(t, host_metadata_.back().data());
+        backend_.upload(t, host.data());
         return t;
     };
 
     ForwardBatch batch;
     batch.n_tokens = n_tokens;
     batch.token_ids = upload(token_ids, {n_tokens});
+    if (device_tokens.data) backend_.copy(batch.token_ids, device_tokens);
     batch.positions = upload(positions, {n_tokens});
     const int64_t n_out = int64_t(logit_rows.size());
     batch.logit_rows = upload(logit_rows, {n_out});
@@ -267,7 +269,10 @@ std::vector<float> Runner::step(std::span<const SequenceChunk> chunks, const Tap
     return download_logits(step_on_device(chunks, tap));
 }
 
-Tensor Runner::step_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap) {
+Tensor Runner::step_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap, const Tensor& device_tokens) {
+    // A token's value enters the prefix cache's page hashes at commit: unknown here.
+    XINFER_CHECK(!device_tokens.data || !options_.enable_prefix_caching,
+                 "step_on_device: tokens read on the device need prefix caching off");
     for (const SequenceChunk& chunk : chunks) {
         std::vector<int32_t>& tokens = step_tokens_[chunk.seq];
         if (!kv_.has_sequence(chunk.seq)) kv_.add_sequence(chunk.seq, {});
@@ -279,12 +284,19 @@ Tensor Runner::step_on_device(std::span<const SequenceChunk> chunks, const TapFn
             fail("KV cache full: sequence {} needs {} pages for {} tokens; {} of {} pages free", chunk.seq,
                  kv_.pages_needed(chunk.seq, int64_t(tokens.size())), tokens.size(), kv_.free_pages(), kv_.n_pages());
     }
-    const Tensor logits = forward_on_device(chunks, tap);
+    const Tensor logits = forward_on_device(chunks, tap, device_tokens);
     for (const SequenceChunk& chunk : chunks) {
         const std::vector<int32_t>& tokens = step_tokens_[chunk.seq];
         kv_.commit(chunk.seq, tokens, int64_t(tokens.size()));
     }
     return logits;
+}
+
+void Runner::set_token(int seq, int64_t position, int32_t token) {
+    std::vector<int32_t>& tokens = step_tokens_[seq];
+    XINFER_CHECK(position >= 0 && position < int64_t(tokens.size()), "set_token: sequence {} has no position {}", seq,
+                 position);
+    tokens[size_t(position)] = token;
 }
 
 void Runner::release(int seq) {

@@ -76,8 +76,11 @@ public:
     // [n_out, vocab], rows in chunk order (every token of an all_logits chunk, else its last).
     std::vector<float> forward(std::span<const SequenceChunk> chunks, const TapFn& tap = {});
     // The same forward with the logits left on the device: [n_out, vocab] f32, valid until the
-    // next forward. Pair it with download_logits() or argmax_rows().
-    Tensor forward_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap = {});
+    // next forward. Pair it with download_logits() or argmax_rows(). With device_tokens
+    // ([n_tokens] i32 on the device, e.g. the previous step's sampled ids) the step reads its
+    // token ids from there, stream-ordered, and the chunks' host token values are not used.
+    Tensor forward_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap = {},
+                             const Tensor& device_tokens = {});
     std::vector<float> download_logits(const Tensor& logits);
     // ids[r] = argmax of logits row r (the lowest index on ties, as greedy sampling picks),
     // computed on the device: greedy steps download n_out ids instead of n_out × vocab floats
@@ -91,10 +94,17 @@ public:
         float uniform = 0.f;
     };
     std::vector<int32_t> sample_rows(const Tensor& logits, std::span<const RowSampling> rows);
+    // The same two with the ids left on the device: [n_out] i32, valid until the next call.
+    Tensor argmax_rows_on_device(const Tensor& logits);
+    Tensor sample_rows_on_device(const Tensor& logits, std::span<const RowSampling> rows);
     // Standalone: allocates the chunks' pages (throws if the pool is short), runs forward and
     // commits the tokens.
     std::vector<float> step(std::span<const SequenceChunk> chunks, const TapFn& tap = {});
-    Tensor step_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap = {});  // logits as forward_on_device
+    // Logits as forward_on_device; with device_tokens the chunks' tokens are read there (one token
+    // per chunk, prefix caching off) and set_token() records each one's value once it is known.
+    Tensor step_on_device(std::span<const SequenceChunk> chunks, const TapFn& tap = {},
+                          const Tensor& device_tokens = {});
+    void set_token(int seq, int64_t position, int32_t token);
     void release(int seq);  // frees a sequence of step() (no-op if unknown)
 
     // Whether decode steps may replay graphs (backend support, options, environment).
@@ -103,6 +113,8 @@ public:
     // captures at startup); writes no K/V. Returns the number captured (0 when graphs are off).
     int capture_graphs();
     GraphStats graph_stats() const { return graphs_ ? graphs_->stats() : GraphStats{}; }
+    // DecodeGraphs::time_last_replay: device seconds of the last replayed decode step alone.
+    double time_last_decode_replay(int n) { return graphs_ ? graphs_->time_last_replay(n) : 0.0; }
 
     KvCacheManager& kv() { return kv_; }
     const KvCacheManager& kv() const { return kv_; }
@@ -116,7 +128,7 @@ public:
 
 private:
     TapFn exporting_tap(int64_t n_tokens, const TapFn& user_tap);
-    // Downloads t (complete on return) after synchronizing, which also releases the step's uploads.
+    // Downloads t (complete on return).
     template <typename T>
     std::vector<T> download_synchronized(const Tensor& t);
     void gather_features(int64_t n_tokens);
@@ -135,9 +147,6 @@ private:
     std::vector<int32_t> feature_rows_;  // host copy of the gather indices of the last forward
     Buffer argmax_ids_;                  // [≥ n_out] i32 for argmax_rows()
     Buffer sampling_args_;               // [5, ≥ n_out] 4-byte columns for sample_rows(): the op's inputs, then ids
-    // The last forward's host metadata, read by stream-ordered uploads until a synchronize.
-    std::vector<std::vector<int32_t>> host_metadata_;
-    bool unsynchronized_ = false;  // a forward ran since the last synchronize
     std::unordered_map<int, std::vector<int32_t>> step_tokens_;  // step() sequences' tokens so far
     RunnerOptions options_;
     bool graphs_enabled_ = false;

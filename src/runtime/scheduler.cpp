@@ -52,6 +52,7 @@ void Scheduler::preempt(size_t running_index) {
     running_.erase(running_.begin() + long(running_index));
     kv_.free_sequence(int(victim->id));
     victim->computed = 0;
+    victim->reserved = 0;
     ++victim->n_preemptions;
     ++n_preemptions_;
     preempted_.push_back(victim->id);
@@ -120,8 +121,11 @@ std::vector<std::unique_ptr<Request>> Scheduler::complete(const std::vector<Sche
         Request& r = *chunk.request;
         r.computed = chunk.start + chunk.count;
         kv_.commit(int(r.id), r.tokens, r.computed);
-        // Rejected drafts' slots: speculative rollback to the committed length.
-        if (kv_.allocated_tokens(int(r.id)) > r.computed) kv_.truncate(int(r.id), r.computed);
+        // Rejected drafts' slots: speculative rollback to the committed length (or to the slots
+        // of a step already queued behind this one).
+        const int64_t keep = std::max(r.computed, r.reserved);
+        if (kv_.allocated_tokens(int(r.id)) > keep) kv_.truncate(int(r.id), keep);
+        if (r.reserved <= r.computed) r.reserved = 0;  // the queued step was this one
     }
     std::vector<std::unique_ptr<Request>> finished;
     for (size_t i = 0; i < running_.size();) {

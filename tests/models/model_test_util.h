@@ -29,6 +29,7 @@ struct LoadedModel {
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Checkpoint> checkpoint;
     std::unique_ptr<Model> model;
+    LoadedModel() = default;  // parts filled in by the caller
     explicit LoadedModel(const std::filesystem::path& dir, const std::string& device = test_device())
         : LoadedModel(dir, device, env_options()) {}
     // Any options; dummy weights need only the directory's config.json.

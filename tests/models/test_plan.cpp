@@ -81,6 +81,33 @@ TEST(MemoryPlan, TooLongContextGivesLargestThatFits) {
     EXPECT_NE(plan.verdict.find("--max-model-len"), std::string::npos) << plan.verdict;
 }
 
+// The budget is a fraction of the device's total memory; when less than that is free (another
+// engine or process holds some), the engine refuses before loading and says what would fit.
+TEST(MemoryPlan, FreeMemoryShortfall) {
+    const MemoryPlan plan = plan_memory(mimo_config(), h200(8));
+    ASSERT_TRUE(plan.fits) << plan.report();
+    // The pool takes the budget's whole pages.
+    EXPECT_LE(planned_device_bytes(plan), plan.budget_bytes);
+    EXPECT_LT(plan.budget_bytes - planned_device_bytes(plan), uint64_t(plan.layout.page_bytes));
+    EXPECT_EQ(free_memory_shortfall(plan, plan.budget_bytes), "");
+
+    const uint64_t free_bytes = parse_memory_size("100GiB");  // of 141 GiB, 126.9 GiB planned
+    const std::string shortfall = free_memory_shortfall(plan, free_bytes);
+    EXPECT_NE(shortfall.find("but only 100.00 GiB of its 141.00 GiB is free"), std::string::npos) << shortfall;
+    EXPECT_NE(shortfall.find("--gpu-memory-utilization 0.70"), std::string::npos) << shortfall;  // floor(100/141)
+    PlanOptions suggested = h200(8);
+    suggested.gpu_memory_utilization = 0.70;
+    EXPECT_EQ(free_memory_shortfall(plan_memory(mimo_config(), suggested), free_bytes), "");
+
+    PlanOptions exact_pool = h200(8);
+    exact_pool.kv_cache_memory = int64_t(parse_memory_size("40GiB"));
+    const MemoryPlan pool_plan = plan_memory(mimo_config(), exact_pool);
+    const std::string pool_shortfall = free_memory_shortfall(pool_plan, free_bytes);
+    EXPECT_NE(pool_shortfall.find("--kv-cache-memory of at most"), std::string::npos) << pool_shortfall;
+    EXPECT_NE(free_memory_shortfall(pool_plan, pool_plan.weight_bytes / 2).find("not even the weights"),
+              std::string::npos);
+}
+
 TEST(MemoryPlan, SpeculativeConfig) {
     EXPECT_EQ(parse_speculative_config(R"({"method": "mtp", "num_speculative_tokens": 3})").num_speculative_tokens, 3);
     EXPECT_THROW(parse_speculative_config(R"({"method": "eagle9", "num_speculative_tokens": 3})"), std::exception);

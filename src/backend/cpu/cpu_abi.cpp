@@ -197,6 +197,8 @@ const xinfer_backend_api kCpuApi = {
     nullptr,
     nullptr,  // range_push
     nullptr,
+    nullptr,  // download_async: ops run synchronously, so a download is never behind queued work
+    nullptr,
 };
 
 }  // namespace

@@ -313,7 +313,7 @@ static const xinfer_backend_api example_api = {
     .measure_copy_bandwidth = measure_copy_bandwidth,
     .supports_op = supports_op,
     .run_op = run_op,
-    /* graph_*, event_*, range_*: NULL (optional) */
+    /* graph_*, event_*, range_*, download_async, wait_downloads: NULL (optional) */
 };
 
 /* The one exported symbol. Returning NULL would mean "no usable device on this machine". */
