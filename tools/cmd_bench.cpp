@@ -60,8 +60,9 @@ void add_bench_command(CLI::App& app) {
                     "cost of a verify step and of the drafter next to a decode step, and the speedup model");
     cmd->add_option("--spec-iterations", options->verify_iterations, "Timed repetitions per speculative measurement")
         ->default_val(20);
-    cmd->add_flag("!--no-overlap", options->serving.overlap_decode,
-                  "Decode step by step: the host waits for each step's token before it queues the next (A/B)");
+    cmd->add_flag("--overlap", options->serving.overlap_decode,
+                  "Overlapped decode (EngineOptions::overlap_decode): queue each step before the previous step's token "
+                  "reaches the host");
     cmd->callback([options] {
         if (options->serving.concurrency.empty() && !options->serving.speculative_config.empty()) {
             if (!options->profile.empty())
@@ -134,8 +135,8 @@ void add_bench_command(CLI::App& app) {
         const bool windows = backend.props().host_memory != 0 && !profiler;
         std::vector<double> window_gbps, window_seconds;
         double decode_seconds = 0;
-        // Overlapped, as the engine decodes (EngineOptions::overlap_decode): step i + 1 is queued,
-        // reading step i's id on the device, before the host waits for that id.
+        // --overlap, as the engine decodes with EngineOptions::overlap_decode: step i + 1 is
+        // queued, reading step i's id on the device, before the host waits for that id.
         const bool overlapped = options->serving.overlap_decode && backend.has_async_downloads() && !profiler && !windows;
         if (overlapped) {
             int32_t pending = 0;  // the newest step's id, landing at wait_downloads

@@ -46,7 +46,10 @@ struct EngineOptions {
     // sequences decoding one more token each, it is queued on the device, fed with this step's
     // sampled ids there, before the host waits for those ids; the device then never idles while
     // the host hands out a step's tokens. Needs a backend with asynchronous downloads (CUDA).
-    bool overlap_decode = true;
+    // Off by default: on the H200 it gained nothing measurable (docs/perf/2026-12-01-h200-session21.md:
+    // the ~70-90 us between two steps is the device's, not the host's), and a request's last
+    // queued row keeps it in the batch one step longer, which moves batch-shape numerics.
+    bool overlap_decode = false;
 };
 
 // Speculative decoding counters (vLLM's spec_decode_* metrics): a draft is one verified chain.

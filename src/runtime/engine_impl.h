@@ -52,7 +52,7 @@ struct Engine::Impl {
         Tensor ids;  // [plan rows] i32 on the device: each row's picked token
     };
     std::optional<QueuedStep> queued;
-    bool overlap = true;  // EngineOptions / set_overlap_decode: queue_next may run
+    bool overlap = false;  // EngineOptions::overlap_decode / set_overlap_decode: queue_next may run
     int64_t overlapped_steps = 0, overlap_wasted_rows = 0;
 
     mutable std::mutex inbox_mutex;  // submit() only takes this one, so it never waits for a step
