@@ -176,7 +176,9 @@ void add_bench_command(CLI::App& app) {
 
         // The last step's graph again, back to back: the device's own time per step, so that the
         // host's share of a timed step (metadata, launch, argmax and the wait for its id) shows.
-        const double replay_seconds = profiler ? 0.0 : runner.time_last_decode_replay(16);
+        const DecodeGraphs::ReplayTimes replay =
+            profiler ? DecodeGraphs::ReplayTimes{} : runner.time_last_decode_replay(16);
+        const double replay_seconds = replay.graph;
 
         const ParameterCounts params = count_parameters(config);
         const double prefill_tps = double(options->prompt_len) / prefill_seconds;
@@ -219,6 +221,13 @@ void add_bench_command(CLI::App& app) {
                        step_seconds * 1e3, replay_seconds * 1e3,
                        100.0 * bytes_per_token / replay_seconds / (bandwidth_gbps * 1e9),
                        (step_seconds - replay_seconds) * 1e6);
+        if (replay_seconds > 0)
+            fmt::print("decode step on the device, 16 back to back: graph {:.3f} ms; + argmax {:+.1f} us; + id download "
+                       "{:+.1f} us; + metadata upload {:+.1f} us; + token feed {:+.1f} us\n",
+                       replay.graph * 1e3, (replay.argmax - replay.graph) * 1e6,
+                       replay.download > 0 ? (replay.download - replay.argmax) * 1e6 : 0.0,
+                       (replay.upload - (replay.download > 0 ? replay.download : replay.argmax)) * 1e6,
+                       (replay.feed - replay.upload) * 1e6);
         // Per window: steps · bytes / time over the copy bandwidth probed right before it.
         std::vector<double> window_fractions;
         for (size_t w = 0; w < window_seconds.size(); ++w) {

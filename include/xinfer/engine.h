@@ -46,9 +46,9 @@ struct EngineOptions {
     // sequences decoding one more token each, it is queued on the device, fed with this step's
     // sampled ids there, before the host waits for those ids; the device then never idles while
     // the host hands out a step's tokens. Needs a backend with asynchronous downloads (CUDA).
-    // Off by default: on the H200 it gained nothing measurable (docs/perf/2026-12-01-h200-session21.md:
-    // the ~70-90 us between two steps is the device's, not the host's), and a request's last
-    // queued row keeps it in the batch one step longer, which moves batch-shape numerics.
+    // Off by default: on the H200 it gained nothing beyond the run-to-run spread
+    // (docs/perf/2026-12-01-h200-session21.md), and a request that stops keeps its row in the
+    // queued step, computed and thrown away.
     bool overlap_decode = false;
 };
 

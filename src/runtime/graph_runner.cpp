@@ -228,7 +228,7 @@ std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunk
                       device_tokens);
     if (bucket.graph) {
         backend_.graph_launch(bucket.graph);
-        last_graph_ = bucket.graph;
+        last_replayed_ = &bucket;
         ++stats_.replays;
     } else {
         capture(bucket);
@@ -237,15 +237,42 @@ std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunk
     return logits_for(n);
 }
 
-double DecodeGraphs::time_last_replay(int n) {
-    if (!last_graph_ || !backend_.has_events() || n <= 0) return 0;
-    void* start = backend_.event_record();
-    for (int i = 0; i < n; ++i) backend_.graph_launch(last_graph_);
-    void* end = backend_.event_record();
-    const double seconds = backend_.event_elapsed_ms(start, end) / 1e3 / n;
-    backend_.event_destroy(start);
-    backend_.event_destroy(end);
-    return seconds;
+DecodeGraphs::ReplayTimes DecodeGraphs::time_last_replay(int n) {
+    ReplayTimes times;
+    if (!last_replayed_ || !backend_.has_events() || n <= 0) return times;
+    const Bucket& bucket = *last_replayed_;
+    const int rows = bucket.layout.batch;
+    const Tensor logits = logits_for(rows);
+    Buffer ids_buffer = backend_.alloc(size_t(rows) * sizeof(int32_t));
+    const Tensor ids(ids_buffer.data(), DType::i32, {rows});
+    const Tensor token_slot(static_cast<int32_t*>(metadata_.data()) + bucket.layout.token_ids, DType::i32, {rows});
+    std::vector<int32_t> host_ids(size_t(rows) * size_t(n));
+    // ops: how many of [graph, argmax, download, upload, feed] each step runs, in a step's order.
+    const auto measure = [&](int ops) {
+        void* start = backend_.event_record();
+        for (int i = 0; i < n; ++i) {
+            if (ops >= 4) upload_metadata(bucket);
+            if (ops >= 5) backend_.copy(token_slot, ids);
+            backend_.graph_launch(bucket.graph);
+            if (ops >= 2) backend_.argmax(logits, ids);
+            if (ops >= 3) backend_.download_async(ids, host_ids.data() + size_t(i) * size_t(rows));
+        }
+        void* end = backend_.event_record();
+        const double seconds = backend_.event_elapsed_ms(start, end) / 1e3 / n;
+        backend_.wait_downloads();
+        backend_.event_destroy(start);
+        backend_.event_destroy(end);
+        return seconds;
+    };
+    times.graph = measure(1);
+    times.argmax = measure(2);
+    if (backend_.has_async_downloads()) times.download = measure(3);
+    times.upload = measure(4);
+    times.feed = measure(5);
+    upload_metadata(bucket);  // the step's own tokens again, and their K/V rewritten
+    backend_.graph_launch(bucket.graph);
+    backend_.synchronize();
+    return times;
 }
 
 int DecodeGraphs::capture_all() {

@@ -109,11 +109,19 @@ public:
     // (writes no K/V), as vLLM does at startup. Returns the number captured.
     int capture_all();
 
-    // Device seconds per replay of the graph the last step launched, relaunched `n` times back to
-    // back between two events (no host work in between; it rewrites the same K/V slots with the
-    // same values, so the cache is unchanged). A step's wall time minus this is the host's share:
-    // metadata, launch, the logits' wait. 0 when no graph was launched or the backend has no events.
-    double time_last_replay(int n);
+    // Device seconds per step of the graph the last step launched, relaunched `n` times back to
+    // back between two events, alone and then with each operation a decode step adds around it,
+    // cumulatively: what the device spends between two graphs. The graph rewrites the same K/V
+    // slots with the same values (the token feed is undone after), so the cache is unchanged.
+    // All 0 when no graph was launched or the backend has no events.
+    struct ReplayTimes {
+        double graph = 0;     // the graph alone
+        double argmax = 0;    // + the argmax of its logits (two kernels on CUDA)
+        double download = 0;  // + the ids' asynchronous download (0 without download_async)
+        double upload = 0;    // + the step's metadata upload (the same bytes again)
+        double feed = 0;      // + the ids copied into the token slot (overlapped decode's feed)
+    };
+    ReplayTimes time_last_replay(int n);
     const std::vector<int>& batch_sizes() const { return sizes_; }
     const std::vector<int64_t>& widths() const { return widths_; }
     const GraphStats& stats() const { return stats_; }
@@ -139,7 +147,7 @@ private:
     std::vector<int64_t> widths_;           // [groups] page-table width
     std::vector<int64_t> tokens_per_page_;  // [groups]
     std::vector<Bucket> buckets_;           // [sizes_.size()]
-    void* last_graph_ = nullptr;            // the graph the last replay launched
+    Bucket* last_replayed_ = nullptr;       // the bucket whose graph the last step launched
     Buffer metadata_;                       // int32 [largest bucket's layout.size]
     Buffer logits_;                         // f32 [largest bucket, vocab]
     std::vector<int32_t> staging_;          // host copy of the step's metadata (alive until the caller's download syncs)

@@ -113,8 +113,11 @@ public:
     // captures at startup); writes no K/V. Returns the number captured (0 when graphs are off).
     int capture_graphs();
     GraphStats graph_stats() const { return graphs_ ? graphs_->stats() : GraphStats{}; }
-    // DecodeGraphs::time_last_replay: device seconds of the last replayed decode step alone.
-    double time_last_decode_replay(int n) { return graphs_ ? graphs_->time_last_replay(n) : 0.0; }
+    // DecodeGraphs::time_last_replay: device seconds of the last replayed decode step, alone and
+    // with what a step runs around its graph.
+    DecodeGraphs::ReplayTimes time_last_decode_replay(int n) {
+        return graphs_ ? graphs_->time_last_replay(n) : DecodeGraphs::ReplayTimes{};
+    }
 
     KvCacheManager& kv() { return kv_; }
     const KvCacheManager& kv() const { return kv_; }
