@@ -153,6 +153,14 @@ if [ $engine = 1 ]; then
         [ "$rc" = 0 ] || status=1
         note "decode graphs on cuda (replay vs eager): rc $rc"
         grep -E '^\[ graphs|FAILED  \]' "$OUT/graphs-cuda.log" >>"$summary"
+        # The engine's equivalences (batched = alone, chunked = one-shot, preemption, prefix
+        # cache, overlapped decode), with f32 and fp8 KV caches.
+        XINFER_TEST_DEVICE=cuda build/bin/test_models --gtest_filter='Fixtures/EngineTest.*:Fixtures/Fp8Kv.*' \
+            >"$OUT/engine-cuda.log" 2>&1
+        rc=$?
+        [ "$rc" = 0 ] || status=1
+        note "engine equivalences on cuda (f32 and fp8 KV): rc $rc: $(grep -E 'PASSED' "$OUT/engine-cuda.log" | tail -1)"
+        grep -E 'FAILED  \]' "$OUT/engine-cuda.log" >>"$summary"
         # A 16-sequence serving batch (staged experts, graphs) against the CPU oracle.
         XINFER_TEST_DEVICE=cuda build/bin/test_models --gtest_filter='DeviceBatch.*' >"$OUT/batch-cuda.log" 2>&1
         rc=$?

@@ -52,13 +52,6 @@ __device__ __forceinline__ float load_cache(const void* cache, int dtype, int64_
     return load_f(cache, dtype, i);
 }
 
-// The f32 scale at byte `at` of an fp8 cache; byte loads, since a pool with odd head dims or
-// page strides may leave it unaligned.
-__device__ __forceinline__ float load_scale(const void* cache, int64_t at) {
-    const uint8_t* p = static_cast<const uint8_t*>(cache) + at;
-    return __int_as_float(int(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24));
-}
-
 // Shared-memory layout (bytes), identical on host and device.
 struct AttnSmem {
     int ldq, ldv, lds, ldp, ldo;
@@ -219,10 +212,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
                     // fp8: the page's row scales follow its page_size·nkv·d values.
                     const int64_t rows_per_page = int64_t(a.page_size) * a.nkv;
                     if (a.k_dtype == XINFER_DTYPE_F8_E4M3)
-                        k_row_scale = load_scale(a.k_cache, int64_t(page) * a.k_page_stride + rows_per_page * a.dk +
+                        k_row_scale = load_fp8_row_scale(a.k_cache, int64_t(page) * a.k_page_stride + rows_per_page * a.dk +
                                                                 slot_row * 4);
                     if (a.v_dtype == XINFER_DTYPE_F8_E4M3)
-                        v_row_scale = load_scale(a.v_cache, int64_t(page) * a.v_page_stride + rows_per_page * a.dv +
+                        v_row_scale = load_fp8_row_scale(a.v_cache, int64_t(page) * a.v_page_stride + rows_per_page * a.dv +
                                                                 slot_row * 4);
                 }
             }
@@ -704,7 +697,8 @@ int op_attention(Context* c, const xinfer_op* op, bool run) {
     };
     a.k_vec = vec_ok(k_cache, dk, a.k_page_stride);
     a.v_vec = vec_ok(v_cache, dv, a.v_page_stride);
-    // f32 activations take the exact CUDA-core path (bf16 tensor cores would round Q, K, V, P).
+    // f32 activations take the exact CUDA-core path (bf16 tensor cores would round Q, K, V, P),
+    // FP8 caches included (dequantized in f32, as the CPU does).
     if (exact_attention_supported(q.dtype, out.dtype, k_cache.dtype, v_cache.dtype)) return launch_exact_attention(c, a);
     // bf16/f32/f16 caches with dk ≤ 256, dv ≤ 128, decode and prefill: the split-KV kernel
     // (attention_decode.cu); this file's flash kernel takes FP8 caches and wider heads.

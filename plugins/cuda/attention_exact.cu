@@ -20,6 +20,15 @@ size_t exact_smem_floats(int group, int dk, int dv) {
     return size_t(group) * dk + size_t(kTile) * (dk + dv) + size_t(group) * kTile + size_t(group) * dv + 3 * size_t(group);
 }
 
+// Element d of a cache row as f32: an FP8 value times its row's scale (attention.cu's page
+// layout: the page's rows_per_page·dim values, then one f32 scale per row), else the value.
+__device__ float cache_value(const void* cache, int dtype, int64_t page_base, int64_t row, int d, int dim,
+                             int64_t rows_per_page) {
+    if (dtype != XINFER_DTYPE_F8_E4M3) return load_f(cache, dtype, page_base + row * dim + d);
+    const float value = fp8_to_float(static_cast<const uint8_t*>(cache)[page_base + row * dim + d]);
+    return value * load_fp8_row_scale(cache, page_base + rows_per_page * dim + row * 4);
+}
+
 __global__ void exact_attention_kernel(AttnArgs a) {
     extern __shared__ float smem[];
     const int t = blockIdx.x, g = blockIdx.y, group = a.nq / a.nkv;
@@ -47,6 +56,7 @@ __global__ void exact_attention_kernel(AttnArgs a) {
         l[h] = a.sinks ? 1.f : 0.f;
     }
     if (threadIdx.x == 0) missing_page = 0;
+    const int64_t rows_per_page = int64_t(a.page_size) * a.nkv;
     __syncthreads();
 
     for (int64_t j0 = lo; j0 <= hi; j0 += kTile) {
@@ -60,8 +70,8 @@ __global__ void exact_attention_kernel(AttnArgs a) {
                 continue;
             }
             const int64_t row = (key % a.page_size) * a.nkv + g;
-            if (d < a.dk) k[j * a.dk + d] = load_f(a.k_cache, a.k_dtype, page * a.k_page_stride + row * a.dk + d);
-            else v[j * a.dv + d - a.dk] = load_f(a.v_cache, a.v_dtype, page * a.v_page_stride + row * a.dv + d - a.dk);
+            if (d < a.dk) k[j * a.dk + d] = cache_value(a.k_cache, a.k_dtype, page * a.k_page_stride, row, d, a.dk, rows_per_page);
+            else v[j * a.dv + d - a.dk] = cache_value(a.v_cache, a.v_dtype, page * a.v_page_stride, row, d - a.dk, a.dv, rows_per_page);
         }
         __syncthreads();
         for (int i = threadIdx.x; i < group * n; i += blockDim.x) {
@@ -101,8 +111,11 @@ __global__ void exact_attention_kernel(AttnArgs a) {
 }  // namespace
 
 bool exact_attention_supported(int q_dtype, int out_dtype, int k_dtype, int v_dtype) {
-    const auto plain = [](int d) { return d == XINFER_DTYPE_F32 || d == XINFER_DTYPE_BF16 || d == XINFER_DTYPE_F16; };
-    return q_dtype == XINFER_DTYPE_F32 && out_dtype == XINFER_DTYPE_F32 && plain(k_dtype) && plain(v_dtype);
+    const auto cache_ok = [](int d) {
+        return d == XINFER_DTYPE_F32 || d == XINFER_DTYPE_BF16 || d == XINFER_DTYPE_F16 || d == XINFER_DTYPE_F8_E4M3;
+    };
+    return q_dtype == XINFER_DTYPE_F32 && out_dtype == XINFER_DTYPE_F32 && cache_ok(k_dtype) && cache_ok(v_dtype) &&
+           (k_dtype == XINFER_DTYPE_F8_E4M3) == (v_dtype == XINFER_DTYPE_F8_E4M3);
 }
 
 int launch_exact_attention(Context* c, const AttnArgs& a) {

@@ -9,7 +9,7 @@
 
 namespace xcuda {
 
-// True when the exact path can take these dtypes (f32 q/out, non-fp8 caches).
+// True when the exact path can take these dtypes (f32 q/out; float caches, or FP8 K and V).
 bool exact_attention_supported(int q_dtype, int out_dtype, int k_dtype, int v_dtype);
 int launch_exact_attention(Context* c, const AttnArgs& a);
 

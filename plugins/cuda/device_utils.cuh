@@ -26,6 +26,13 @@ __device__ __forceinline__ float fp8_to_float(uint8_t b) {
     return float(v);
 }
 
+// The f32 row scale at byte `at` of an FP8 KV cache (each page: its page_size·nkv·d e4m3 values,
+// then one scale per row); byte loads, since odd head dims or page strides may leave it unaligned.
+__device__ __forceinline__ float load_fp8_row_scale(const void* cache, int64_t at) {
+    const uint8_t* p = static_cast<const uint8_t*>(cache) + at;
+    return __int_as_float(int(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24));
+}
+
 // f32 → e4m3, round to nearest even, saturating to ±448, NaN stays NaN (the CPU's
 // f32_to_e4m3_rne in src/backend/cpu/kv_fp8.h).
 __device__ __forceinline__ uint8_t float_to_fp8(float x) {
