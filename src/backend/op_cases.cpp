@@ -1063,7 +1063,7 @@ PreparedCase::PreparedCase(const CaseData& data, Backend& backend, DType activat
 }
 
 void PreparedCase::reset() {
-    // Host bytes must stay alive until the synchronize below (uploads are stream-ordered).
+    // Host bytes for the uploads below (read before each upload returns).
     std::vector<std::vector<char>> staging;
     for (size_t i = 0; i < data_.tensors.size(); ++i) {
         const CaseTensor& t = data_.tensors[i];

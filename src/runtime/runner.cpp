@@ -258,8 +258,7 @@ void Runner::gather_features(int64_t n_tokens) {
     for (int64_t t = 0; t < n_tokens; ++t)
         for (int64_t i = 0; i < n_features; ++i) rows[size_t(t * n_features + i)] = int32_t(i * n_tokens + t);
     Tensor ids = workspace_.make(DType::i32, {n_tokens * n_features});
-    feature_rows_ = std::move(rows);  // the upload is stream-ordered: keep the host copy alive
-    backend_.upload(ids, feature_rows_.data());
+    backend_.upload(ids, rows.data());
     Tensor gathered = workspace_.make(feature_staging_.dtype, {n_tokens * n_features, hidden});
     backend_.embedding(feature_staging_, ids, gathered);
     features_ = gathered.reshape({n_tokens, n_features * hidden});

@@ -147,7 +147,6 @@ private:
     std::vector<int> feature_layers_;
     Tensor feature_staging_;             // [n_features * n_tokens, hidden] layer-major
     Tensor features_;                    // [n_tokens, n_features * hidden]
-    std::vector<int32_t> feature_rows_;  // host copy of the gather indices of the last forward
     Buffer argmax_ids_;                  // [≥ n_out] i32 for argmax_rows()
     Buffer sampling_args_;               // [5, ≥ n_out] 4-byte columns for sample_rows(): the op's inputs, then ids
     std::unordered_map<int, std::vector<int32_t>> step_tokens_;  // step() sequences' tokens so far
