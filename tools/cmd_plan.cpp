@@ -70,10 +70,13 @@ void add_plan_command(CLI::App& app) {
         const ModelConfig config = read_config(options->model_dir, options->config_file);
         PlanOptions plan = options->plan;
         const bool host = options->device == "cpu";
+        uint64_t free_memory = 0;  // what the device has free now (its own memory only, not a given size)
         if (!options->device_memory.empty()) {
             plan.device_memory = parse_memory_size(options->device_memory);
         } else {
-            plan.device_memory = make_backend(options->device)->props().total_memory;
+            const xinfer_device_props props = make_backend(options->device)->props();
+            plan.device_memory = props.total_memory;
+            if (!props.host_memory) free_memory = props.free_memory;
         }
         // The dtypes the decoder will choose on that device (src/models/decoder.cpp).
         plan.activation_dtype = host                                ? DType::f32
@@ -91,6 +94,12 @@ void add_plan_command(CLI::App& app) {
         fmt::print("model: {} ({} layers, device {})\n", config.architecture, config.layers.size(), options->device);
         fmt::print("{}", result.report());
         if (!result.fits) std::exit(2);
+        // The engine's start-up check (Engine::create): the budget must be free now.
+        const std::string shortfall = free_memory > 0 ? free_memory_shortfall(result, free_memory) : std::string();
+        if (!shortfall.empty()) {
+            fmt::print("does NOT fit what is free on {} now: {}\n", options->device, shortfall);
+            std::exit(2);
+        }
     });
 }
 
