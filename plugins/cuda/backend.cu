@@ -300,9 +300,10 @@ int upload(void* p, void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return XINFER_OK;
     XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
     cudaPointerAttributes attributes{};
-    if (cudaPointerGetAttributes(&attributes, src) == cudaSuccess && attributes.type == cudaMemoryTypeHost)
+    if (cudaPointerGetAttributes(&attributes, src) != cudaSuccess)
+        cudaGetLastError();  // older runtimes report unregistered (pageable) memory as an error: clear only that
+    else if (attributes.type == cudaMemoryTypeHost)
         XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
-    cudaGetLastError();  // an unregistered pointer may leave an error behind on older runtimes
     return XINFER_OK;
 }
 
