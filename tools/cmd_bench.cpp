@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -135,6 +136,7 @@ void add_bench_command(CLI::App& app) {
         const bool windows = backend.props().host_memory != 0 && !profiler;
         std::vector<double> window_gbps, window_seconds;
         double decode_seconds = 0;
+        std::vector<double> step_times;  // step by step: each step's time (seconds)
         // --overlap, as the engine decodes with EngineOptions::overlap_decode: step i + 1 is
         // queued, reading step i's id on the device, before the host waits for that id.
         const bool overlapped = options->serving.overlap_decode && backend.has_async_downloads() && !profiler && !windows;
@@ -170,6 +172,7 @@ void add_bench_command(CLI::App& app) {
             generated.push_back(runner.argmax_rows(runner.step_on_device(std::span(&chunk, 1)))[0]);
             const double step_seconds = now_seconds() - start;  // the forward and picking its token
             decode_seconds += step_seconds;
+            step_times.push_back(step_seconds);
             if (windows) window_seconds.back() += step_seconds;
             if (profiler) profiler->end_region();
         }
@@ -221,6 +224,13 @@ void add_bench_command(CLI::App& app) {
                        step_seconds * 1e3, replay_seconds * 1e3,
                        100.0 * bytes_per_token / replay_seconds / (bandwidth_gbps * 1e9),
                        (step_seconds - replay_seconds) * 1e6);
+        if (step_times.size() > 1) {
+            // One slow step (the first replay of a graph, a page allocation) moves the mean only.
+            std::vector<double> sorted = step_times;
+            std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+            fmt::print("decode steps: first {:.3f} ms, median {:.3f} ms, mean {:.3f} ms\n", step_times.front() * 1e3,
+                       sorted[sorted.size() / 2] * 1e3, step_seconds * 1e3);
+        }
         if (replay_seconds > 0)
             fmt::print("decode step on the device, 16 back to back: graph {:.3f} ms; + argmax {:+.1f} us; + id download "
                        "{:+.1f} us; + metadata upload {:+.1f} us; + token feed {:+.1f} us\n",

@@ -495,6 +495,14 @@ int graph_end(void* p, void** graph) {
     cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
     cudaGraphDestroy(g);
     if (err != cudaSuccess) return cuda_fail(c, err, "cudaGraphInstantiate");
+    // The graph's work goes to the device now, not as part of its first launch: H200, batch-1 MiMo
+    // decode: the first step after a capture 9.53 -> 8.99 ms (bf16), 6.60 -> 6.07 ms (FP8).
+    // XINFER_CUDA_GRAPH_UPLOAD=0: on first launch (A/B).
+    static const bool upload_now = env_flag("XINFER_CUDA_GRAPH_UPLOAD", true);
+    if (upload_now && (err = cudaGraphUpload(exec, c->stream)) != cudaSuccess) {
+        cudaGraphExecDestroy(exec);
+        return cuda_fail(c, err, "cudaGraphUpload");
+    }
     ++c->live_graphs;
     *graph = exec;
     return XINFER_OK;
