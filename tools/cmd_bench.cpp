@@ -28,6 +28,14 @@ uint64_t kv_bytes_read(const ModelConfig& config, int64_t kv_len, size_t bytes_p
     return bytes;
 }
 
+// The middle value (the mean of the two middle ones for an even count); 0 when empty.
+double median(std::vector<double> values) {
+    if (values.empty()) return 0;
+    std::sort(values.begin(), values.end());
+    const size_t mid = values.size() / 2;
+    return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -178,7 +186,7 @@ void add_bench_command(CLI::App& app) {
         }
 
         // The last step's graph again, back to back: the device's own time per step, so that the
-        // host's share of a timed step (metadata, launch, argmax and the wait for its id) shows.
+        // rest of a timed step (metadata, launch, argmax, the id's download and wait) shows.
         const DecodeGraphs::ReplayTimes replay =
             profiler ? DecodeGraphs::ReplayTimes{} : runner.time_last_decode_replay(16);
         const double replay_seconds = replay.graph;
@@ -220,17 +228,13 @@ void add_bench_command(CLI::App& app) {
         const double step_seconds = decode_seconds / double(options->gen_len);
         if (replay_seconds > 0)
             fmt::print("decode step {:.3f} ms; its graph alone, replayed 16 times back to back, {:.3f} ms "
-                       "({:.1f}% of the roofline): {:.1f} us a step are the host's (metadata, launch, argmax, the id's wait: what overlap does not hide)\n",
+                       "({:.1f}% of the roofline): {:.1f} us a step are outside the graph (metadata, launch, argmax, the id's download and wait)\n",
                        step_seconds * 1e3, replay_seconds * 1e3,
                        100.0 * bytes_per_token / replay_seconds / (bandwidth_gbps * 1e9),
                        (step_seconds - replay_seconds) * 1e6);
-        if (step_times.size() > 1) {
-            // One slow step (the first replay of a graph, a page allocation) moves the mean only.
-            std::vector<double> sorted = step_times;
-            std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+        if (step_times.size() > 1)  // one slow step (a graph's first replay, a page allocation) moves the mean only
             fmt::print("decode steps: first {:.3f} ms, median {:.3f} ms, mean {:.3f} ms\n", step_times.front() * 1e3,
-                       sorted[sorted.size() / 2] * 1e3, step_seconds * 1e3);
-        }
+                       median(step_times) * 1e3, step_seconds * 1e3);
         if (replay_seconds > 0)
             fmt::print("decode step on the device, 16 back to back: graph {:.3f} ms; + argmax {:+.1f} us; + id download "
                        "{:+.1f} us; + metadata upload {:+.1f} us; + token feed {:+.1f} us\n",
@@ -244,12 +248,8 @@ void add_bench_command(CLI::App& app) {
             const int64_t steps = std::min(kWindowSteps, options->gen_len - int64_t(w) * kWindowSteps);
             window_fractions.push_back(double(steps) * bytes_per_token / window_seconds[w] / (window_gbps[w] * 1e9));
         }
-        double median_fraction = 0;
+        const double median_fraction = median(window_fractions);
         if (!window_fractions.empty()) {
-            std::vector<double> sorted = window_fractions;
-            std::sort(sorted.begin(), sorted.end());
-            const size_t mid = sorted.size() / 2;
-            median_fraction = sorted.size() % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
             std::string list;
             for (size_t w = 0; w < window_fractions.size(); ++w)
                 list += fmt::format("{}{:.1f}% ({:.1f} GB/s)", w ? ", " : "", 100 * window_fractions[w], window_gbps[w]);
