@@ -16,7 +16,7 @@ struct ServingBenchOptions {
     uint64_t seed = 0;
     std::string speculative_config;  // JSON or empty
     std::string profile;             // Chrome trace of decode steps at the highest concurrency, or empty
-    bool overlap_decode = false;     // EngineOptions::overlap_decode (--overlap)
+    bool overlap_decode = true;      // EngineOptions::overlap_decode (--no-overlap turns it off)
 };
 
 void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& options);

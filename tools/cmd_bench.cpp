@@ -69,9 +69,9 @@ void add_bench_command(CLI::App& app) {
                     "cost of a verify step and of the drafter next to a decode step, and the speedup model");
     cmd->add_option("--spec-iterations", options->verify_iterations, "Timed repetitions per speculative measurement")
         ->default_val(20);
-    cmd->add_flag("--overlap", options->serving.overlap_decode,
-                  "Overlapped decode (EngineOptions::overlap_decode): queue each step before the previous step's token "
-                  "reaches the host");
+    cmd->add_flag("--overlap,!--no-overlap", options->serving.overlap_decode,
+                  "Overlapped decode (EngineOptions::overlap_decode, the default): queue each step before the previous "
+                  "step's token reaches the host; --no-overlap decodes step by step");
     cmd->callback([options] {
         if (options->serving.concurrency.empty() && !options->serving.speculative_config.empty()) {
             if (!options->profile.empty())
@@ -145,8 +145,8 @@ void add_bench_command(CLI::App& app) {
         std::vector<double> window_gbps, window_seconds;
         double decode_seconds = 0;
         std::vector<double> step_times;  // step by step: each step's time (seconds)
-        // --overlap, as the engine decodes with EngineOptions::overlap_decode: step i + 1 is
-        // queued, reading step i's id on the device, before the host waits for that id.
+        // Overlapped unless --no-overlap, as the engine decodes (EngineOptions::overlap_decode):
+        // step i + 1 is queued, reading step i's id on the device, before the host waits for that id.
         const bool overlapped = options->serving.overlap_decode && backend.has_async_downloads() && !profiler && !windows;
         if (overlapped) {
             int32_t pending = 0;  // the newest step's id, landing at wait_downloads
@@ -236,11 +236,10 @@ void add_bench_command(CLI::App& app) {
             fmt::print("decode steps: first {:.3f} ms, median {:.3f} ms, mean {:.3f} ms\n", step_times.front() * 1e3,
                        median(step_times) * 1e3, step_seconds * 1e3);
         if (replay_seconds > 0)
-            fmt::print("decode step on the device, 16 back to back: graph {:.3f} ms; + argmax {:+.1f} us; + id download "
+            fmt::print("decode step on the device, 16 back to back: graph {:.3f} ms (its argmax included); + id download "
                        "{:+.1f} us; + metadata upload {:+.1f} us; + token feed {:+.1f} us\n",
-                       replay.graph * 1e3, (replay.argmax - replay.graph) * 1e6,
-                       replay.download > 0 ? (replay.download - replay.argmax) * 1e6 : 0.0,
-                       (replay.upload - (replay.download > 0 ? replay.download : replay.argmax)) * 1e6,
+                       replay.graph * 1e3, replay.download > 0 ? (replay.download - replay.graph) * 1e6 : 0.0,
+                       (replay.upload - (replay.download > 0 ? replay.download : replay.graph)) * 1e6,
                        (replay.feed - replay.upload) * 1e6);
         // Per window: steps · bytes / time over the copy bandwidth probed right before it.
         std::vector<double> window_fractions;

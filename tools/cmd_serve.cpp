@@ -82,8 +82,9 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--gpu-memory-utilization", options->engine.gpu_memory_utilization,
                     "Share of device memory the plan may use")
         ->default_val(0.9);
-    cmd->add_flag("--overlap-decode", options->engine.overlap_decode,
-                  "Queue each decode step before the previous step's tokens reach the host (vLLM's async scheduling)");
+    cmd->add_flag("--overlap-decode,!--no-overlap-decode", options->engine.overlap_decode,
+                  "Queue each decode step before the previous step's tokens reach the host (vLLM's async scheduling; "
+                  "the default)");
     cmd->add_flag("--enable-prefix-caching", options->engine.enable_prefix_caching,
                   "Reuse the KV of shared prompt prefixes");
     cmd->add_option("--speculative-config", options->engine.speculative_config,

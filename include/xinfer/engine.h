@@ -46,10 +46,11 @@ struct EngineOptions {
     // sequences decoding one more token each, it is queued on the device, fed with this step's
     // sampled ids there, before the host waits for those ids; the device then never idles while
     // the host hands out a step's tokens. Needs a backend with asynchronous downloads (CUDA).
-    // Off by default: on the H200 it gained nothing beyond the run-to-run spread
-    // (docs/perf/2026-12-01-h200-session21.md), and a request that stops keeps its row in the
-    // queued step, computed and thrown away.
-    bool overlap_decode = false;
+    // On by default since the argmax moved into the decode graph and small downloads became a
+    // kernel: H200, batch-1 MiMo decode, the time a step spends outside its graph went from 50-92
+    // µs step by step to 10-30 µs (docs/perf/2026-12-02-h200-session23.md). The price: a request
+    // that stops keeps its row in the queued step, computed and thrown away.
+    bool overlap_decode = true;
 };
 
 // Speculative decoding counters (vLLM's spec_decode_* metrics): a draft is one verified chain.

@@ -220,6 +220,52 @@ int device_props(int device, xinfer_device_props* out) {
 
 constexpr size_t kLtWorkspaceBytes = size_t(64) << 20;  // cuBLASLt's recommended ceiling on Hopper is 32 MiB+
 
+// ---- device timeline (a diagnostic) -------------------------------------------------------------
+// XINFER_CUDA_TIMELINE=FILE: every stream operation queued outside a capture (uploads, downloads,
+// copies, eager ops, graph launches) records an event right after itself, and when the context is
+// destroyed FILE gets one tab-separated line per operation: its index, name, op type (-1 if not an
+// op), the device time from the previous operation's end to its own (µs), and whether the device
+// had already finished the previous operation when the host queued this one (1: the device sat
+// idle, waiting for the host). What a timed decode step spends beyond its graph shows there
+// without a system profiler (the GPU machine has none).
+const char* timeline_path() {
+    static const char* path = [] {
+        const char* v = std::getenv("XINFER_CUDA_TIMELINE");
+        return v && *v ? v : nullptr;
+    }();
+    return path;
+}
+
+// Call before queueing an operation: whether the device is already idle.
+bool timeline_starved(const Context* c) {
+    return timeline_path() && !c->capturing && !c->timeline.empty() &&
+           cudaEventQuery(c->timeline.back().done) == cudaSuccess;
+}
+
+void timeline_mark(Context* c, const char* what, int op_type, bool starved) {
+    if (!timeline_path() || c->capturing) return;
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return;
+    cudaEventRecord(e, c->stream);
+    c->timeline.push_back({what, op_type, e, starved});
+}
+
+void timeline_write(Context* c) {
+    if (c->timeline.empty()) return;
+    cudaStreamSynchronize(c->stream);
+    if (FILE* f = std::fopen(timeline_path(), "w")) {
+        for (size_t i = 0; i < c->timeline.size(); ++i) {
+            const TimelineMark& m = c->timeline[i];
+            float ms = 0.f;
+            if (i > 0) cudaEventElapsedTime(&ms, c->timeline[i - 1].done, m.done);
+            std::fprintf(f, "%zu\t%s\t%d\t%.2f\t%d\n", i, m.what, m.op_type, double(ms) * 1e3, m.starved ? 1 : 0);
+        }
+        std::fclose(f);
+    }
+    for (const TimelineMark& m : c->timeline) cudaEventDestroy(m.done);
+    c->timeline.clear();
+}
+
 void context_destroy(void* p);
 
 int context_create(int device, void** out) {
@@ -255,6 +301,7 @@ void context_destroy(void* p) {
     Context* c = ctx_of(p);
     if (!c) return;
     DeviceGuard guard(c);
+    timeline_write(c);
     if (c->stream) cudaStreamSynchronize(c->stream);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->lt_workspace) cudaFree(c->lt_workspace);
@@ -298,7 +345,9 @@ int upload(void* p, void* dst, const void* src, size_t bytes) {
     Context* c = ctx_of(p);
     DeviceGuard guard(c);
     if (bytes == 0) return XINFER_OK;
+    const bool starved = timeline_starved(c);
     XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    timeline_mark(c, "upload", -1, starved);
     cudaPointerAttributes attributes{};
     if (cudaPointerGetAttributes(&attributes, src) != cudaSuccess)
         cudaGetLastError();  // older runtimes report unregistered (pageable) memory as an error: clear only that
@@ -311,13 +360,55 @@ int download(void* p, void* dst, const void* src, size_t bytes) {
     Context* c = ctx_of(p);
     DeviceGuard guard(c);
     if (bytes == 0) return XINFER_OK;
+    const bool starved = timeline_starved(c);
     XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    timeline_mark(c, "download", -1, starved);
     XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
     return XINFER_OK;
 }
 
-// Into pinned staging (grown only while nothing is pending), then to dst in wait_downloads.
+// ---- asynchronous downloads ------------------------------------------------------------------------
+// Into pinned staging (grown only while nothing is pending), then to dst in wait_downloads. A copy
+// engine spends tens of µs of device time on a download of a few bytes: H200, batch-1 MiMo decode
+// with overlapped steps (XINFER_CUDA_TIMELINE), the argmax id's 4 bytes 30-39 µs between the
+// argmax and the next step's upload. Downloads up to kSmallDownloadBytes therefore run as a copy
+// kernel that writes the staging (mapped pinned memory) over the bus: 5 µs, and 31-37 µs less a
+// decode step. XINFER_CUDA_SMALL_DOWNLOAD_KERNEL=0 keeps the copy engine (A/B).
 constexpr size_t kMinDownloadStaging = 64 * 1024;
+constexpr size_t kSmallDownloadBytes = 64 * 1024;
+
+bool small_download_kernel() {
+    static const bool enabled = env_flag("XINFER_CUDA_SMALL_DOWNLOAD_KERNEL", true);
+    return enabled;
+}
+
+// 16-byte words when dst, src and bytes allow, else bytes; the writes (to host memory) are made
+// visible to the host before the kernel completes.
+__global__ void download_copy_kernel(char* dst, const char* src, size_t bytes) {
+    const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
+    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) {
+        for (size_t i = first; i < bytes / 16; i += stride)
+            reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    } else {
+        for (size_t i = first; i < bytes; i += stride) dst[i] = src[i];
+    }
+    __threadfence_system();
+}
+
+// bytes of src (device) into the staging at offset, queued on the stream.
+int queue_download(Context* c, size_t offset, const void* src, size_t bytes) {
+    if (!small_download_kernel() || bytes > kSmallDownloadBytes) {
+        XCUDA_TRY(c, cudaMemcpyAsync(c->download_staging + offset, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+        return XINFER_OK;
+    }
+    char* staging = nullptr;  // the staging as kernels address it
+    XCUDA_TRY(c, cudaHostGetDevicePointer(reinterpret_cast<void**>(&staging), c->download_staging, 0));
+    constexpr unsigned kThreads = 256;
+    const unsigned blocks = unsigned(std::min<size_t>((bytes + 16 * kThreads - 1) / (16 * kThreads), 16));
+    download_copy_kernel<<<blocks, kThreads, 0, c->stream>>>(staging + offset, static_cast<const char*>(src), bytes);
+    XCUDA_CHECK_LAUNCH(c, "download_copy_kernel");
+    return XINFER_OK;
+}
 
 int download_async(void* p, void* dst, const void* src, size_t bytes) {
     Context* c = ctx_of(p);
@@ -334,11 +425,13 @@ int download_async(void* p, void* dst, const void* src, size_t bytes) {
         c->download_staging = nullptr;
         c->download_staging_bytes = 0;
         const size_t size = std::max(kMinDownloadStaging, bytes);
-        XCUDA_TRY(c, cudaMallocHost(&c->download_staging, size));
+        XCUDA_TRY(c, cudaHostAlloc(reinterpret_cast<void**>(&c->download_staging), size, cudaHostAllocMapped));
         c->download_staging_bytes = size;
     }
     if (!c->downloads_done) XCUDA_TRY(c, cudaEventCreateWithFlags(&c->downloads_done, cudaEventDisableTiming));
-    XCUDA_TRY(c, cudaMemcpyAsync(c->download_staging + offset, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    const bool starved = timeline_starved(c);
+    if (int rc = queue_download(c, offset, src, bytes)) return rc;
+    timeline_mark(c, "download_async", -1, starved);
     XCUDA_TRY(c, cudaEventRecord(c->downloads_done, c->stream));
     c->pending_downloads.push_back({dst, offset, bytes});
     c->pending_download_bytes = offset + bytes;
@@ -361,7 +454,9 @@ int copy(void* p, void* dst, const void* src, size_t bytes) {
     Context* c = ctx_of(p);
     DeviceGuard guard(c);
     if (bytes == 0) return XINFER_OK;
+    const bool starved = timeline_starved(c);
     XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    timeline_mark(c, "copy", -1, starved);
     return XINFER_OK;
 }
 
@@ -461,7 +556,10 @@ int run_op(void* p, const xinfer_op* op) {
     Context* c = ctx_of(p);
     DeviceGuard guard(c);
     if (skipped_for_timing(c, op)) return XINFER_OK;
-    return dispatch(c, op, true);
+    const bool starved = timeline_starved(c);
+    const int rc = dispatch(c, op, true);
+    timeline_mark(c, "op", op->type, starved);
+    return rc;
 }
 
 // ---- graphs ------------------------------------------------------------------------------------
@@ -511,7 +609,9 @@ int graph_end(void* p, void** graph) {
 int graph_launch(void* p, void* graph) {
     Context* c = ctx_of(p);
     DeviceGuard guard(c);
+    const bool starved = timeline_starved(c);
     XCUDA_TRY(c, cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), c->stream));
+    timeline_mark(c, "graph", -1, starved);
     return XINFER_OK;
 }
 

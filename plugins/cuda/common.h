@@ -38,6 +38,14 @@ struct GemmKey {
     }
 };
 
+// One stream operation on the device timeline (XINFER_CUDA_TIMELINE, backend.cu).
+struct TimelineMark {
+    const char* what;  // "upload", "download", "op", "graph", ...
+    int op_type;       // the xinfer_op type for "op", else -1
+    cudaEvent_t done;  // recorded right after the operation
+    bool starved;      // the previous operation had finished on the device when this one was queued
+};
+
 struct Context {
     int device = 0;
     int sm_count = 0;
@@ -59,13 +67,14 @@ struct Context {
         void* dst;
         size_t offset, bytes;
     };
-    char* download_staging = nullptr;  // cudaMallocHost, download_staging_bytes
+    char* download_staging = nullptr;  // cudaHostAlloc (mapped), download_staging_bytes
     size_t download_staging_bytes = 0;
     std::vector<PendingDownload> pending_downloads;
     size_t pending_download_bytes = 0;
     cudaEvent_t downloads_done = nullptr;  // recorded after the latest download_async
     int live_graphs = 0;
     bool capturing = false;
+    std::vector<TimelineMark> timeline;  // XINFER_CUDA_TIMELINE only
     std::map<GemmKey, cublasLtMatmulAlgo_t> algo_cache;
     std::string error;
 };

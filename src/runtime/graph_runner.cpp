@@ -130,6 +130,7 @@ DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, const KvCacheManager&
     if (sizes_.empty()) return;
     metadata_ = backend_.alloc(size_t(metadata_elements) * sizeof(int32_t));
     logits_ = backend_.alloc(size_t(sizes_.back()) * size_t(model_.config().vocab_size) * sizeof(float));
+    ids_ = backend_.alloc(size_t(sizes_.back()) * sizeof(int32_t));
 }
 
 DecodeGraphs::~DecodeGraphs() {
@@ -168,6 +169,14 @@ Tensor DecodeGraphs::logits_for(int rows) const {
     return Tensor(logits_.data(), DType::f32, {int64_t(rows), model_.config().vocab_size});
 }
 
+Tensor DecodeGraphs::ids_for(int rows) const { return Tensor(ids_.data(), DType::i32, {int64_t(rows)}); }
+
+std::optional<Tensor> DecodeGraphs::argmax_of(const Tensor& logits) const {
+    if (logits.data != logits_.data() || logits.dtype != DType::f32 || logits.rank != 2 || logits.dim(0) > ids_rows_)
+        return std::nullopt;
+    return ids_for(int(logits.dim(0)));
+}
+
 void DecodeGraphs::upload_metadata(const Bucket& bucket) {
     XINFER_CHECK(int64_t(staging_.size()) == bucket.layout.size, "staged {} metadata elements for a layout of {}",
                  staging_.size(), bucket.layout.size);
@@ -177,13 +186,16 @@ void DecodeGraphs::upload_metadata(const Bucket& bucket) {
 void DecodeGraphs::capture(Bucket& bucket) {
     const ForwardBatch batch = batch_for(bucket);
     const Tensor logits = logits_for(bucket.layout.batch);
+    const Tensor ids = ids_for(bucket.layout.batch);
     // The eager run sizes the plugin's scratch and the model's workspace slots for these shapes
-    // (nothing may allocate during capture); its logits are this step's result.
+    // (nothing may allocate during capture); its logits and ids are this step's result.
     model_.forward(batch, logits);
+    backend_.argmax(logits, ids);
     try {
         backend_.graph_begin();
         try {
             model_.forward(batch, logits);
+            backend_.argmax(logits, ids);
         } catch (...) {
             // Close the capture so the stream is usable again; the partial graph is discarded.
             void* partial = nullptr;
@@ -205,6 +217,7 @@ void DecodeGraphs::capture(Bucket& bucket) {
 }
 
 std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunks, const Tensor& device_tokens) {
+    ids_rows_ = 0;  // until this step has computed them
     const int n = int(chunks.size());
     const int size = pick_graph_batch(sizes_, n);
     if (size == 0 || !is_plain_decode(chunks)) return std::nullopt;
@@ -234,6 +247,7 @@ std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunk
         capture(bucket);
         ++stats_.capture_steps;
     }
+    ids_rows_ = n;
     return logits_for(n);
 }
 
@@ -242,20 +256,17 @@ DecodeGraphs::ReplayTimes DecodeGraphs::time_last_replay(int n) {
     if (!last_replayed_ || !backend_.has_events() || n <= 0) return times;
     const Bucket& bucket = *last_replayed_;
     const int rows = bucket.layout.batch;
-    const Tensor logits = logits_for(rows);
-    Buffer ids_buffer = backend_.alloc(size_t(rows) * sizeof(int32_t));
-    const Tensor ids(ids_buffer.data(), DType::i32, {rows});
+    const Tensor ids = ids_for(rows);
     const Tensor token_slot(static_cast<int32_t*>(metadata_.data()) + bucket.layout.token_ids, DType::i32, {rows});
     std::vector<int32_t> host_ids(size_t(rows) * size_t(n));
-    // ops: how many of [graph, argmax, download, upload, feed] each step runs, in a step's order.
+    // ops: how many of [graph, download, upload, feed] each step runs, in a step's order.
     const auto measure = [&](int ops) {
         void* start = backend_.event_record();
         for (int i = 0; i < n; ++i) {
-            if (ops >= 4) upload_metadata(bucket);
-            if (ops >= 5) backend_.copy(token_slot, ids);
+            if (ops >= 3) upload_metadata(bucket);
+            if (ops >= 4) backend_.copy(token_slot, ids);
             backend_.graph_launch(bucket.graph);
-            if (ops >= 2) backend_.argmax(logits, ids);
-            if (ops >= 3) backend_.download_async(ids, host_ids.data() + size_t(i) * size_t(rows));
+            if (ops >= 2) backend_.download_async(ids, host_ids.data() + size_t(i) * size_t(rows));
         }
         void* end = backend_.event_record();
         const double seconds = backend_.event_elapsed_ms(start, end) / 1e3 / n;
@@ -265,10 +276,9 @@ DecodeGraphs::ReplayTimes DecodeGraphs::time_last_replay(int n) {
         return seconds;
     };
     times.graph = measure(1);
-    times.argmax = measure(2);
-    if (backend_.has_async_downloads()) times.download = measure(3);
-    times.upload = measure(4);
-    times.feed = measure(5);
+    if (backend_.has_async_downloads()) times.download = measure(2);
+    times.upload = measure(3);
+    times.feed = measure(4);
     upload_metadata(bucket);  // the step's own tokens again, and their K/V rewritten
     backend_.graph_launch(bucket.graph);
     backend_.synchronize();

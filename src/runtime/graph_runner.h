@@ -115,13 +115,17 @@ public:
     // slots with the same values (the token feed is undone after), so the cache is unchanged.
     // All 0 when no graph was launched or the backend has no events.
     struct ReplayTimes {
-        double graph = 0;     // the graph alone
-        double argmax = 0;    // + the argmax of its logits (two kernels on CUDA)
+        double graph = 0;     // the graph alone (its rows' argmax included)
         double download = 0;  // + the ids' asynchronous download (0 without download_async)
         double upload = 0;    // + the step's metadata upload (the same bytes again)
         double feed = 0;      // + the ids copied into the token slot (overlapped decode's feed)
     };
     ReplayTimes time_last_replay(int n);
+    // Every decode graph ends with the argmax of its rows (ids [bucket] i32), so that a greedy
+    // step launches nothing after it: H200, batch-1 MiMo decode, the two argmax kernels took 12-15
+    // µs of device time after the graph (docs/perf/2026-12-02-h200-session23.md). Returns those
+    // ids when `logits` are the last step's (what forward returned), else nullopt.
+    std::optional<Tensor> argmax_of(const Tensor& logits) const;
     const std::vector<int>& batch_sizes() const { return sizes_; }
     const std::vector<int64_t>& widths() const { return widths_; }
     const GraphStats& stats() const { return stats_; }
@@ -134,6 +138,7 @@ private:
     };
     ForwardBatch batch_for(const Bucket& bucket) const;
     Tensor logits_for(int rows) const;
+    Tensor ids_for(int rows) const;
     void upload_metadata(const Bucket& bucket);
     // Eager padded run, then capture. The eager run's logits are the step's result either way.
     void capture(Bucket& bucket);
@@ -150,6 +155,8 @@ private:
     Bucket* last_replayed_ = nullptr;       // the bucket whose graph the last step launched
     Buffer metadata_;                       // int32 [largest bucket's layout.size]
     Buffer logits_;                         // f32 [largest bucket, vocab]
+    Buffer ids_;                            // i32 [largest bucket]: the argmax of the last step's rows
+    int64_t ids_rows_ = 0;                  // rows of ids_ the last step computed (0: none)
     std::vector<int32_t> staging_;          // host copy of the step's metadata (alive until the caller's download syncs)
     GraphStats stats_;
 };

@@ -110,6 +110,8 @@ std::vector<int32_t> Runner::argmax_rows(const Tensor& logits) {
 }
 
 Tensor Runner::argmax_rows_on_device(const Tensor& logits) {
+    if (graphs_)
+        if (std::optional<Tensor> ids = graphs_->argmax_of(logits)) return *ids;  // computed inside the step's graph
     const int64_t rows = logits.dim(0);
     if (argmax_ids_.bytes() < size_t(rows) * sizeof(int32_t)) argmax_ids_ = backend_.alloc(size_t(rows) * sizeof(int32_t));
     const Tensor ids(argmax_ids_.data(), DType::i32, {rows});  // [n_out]

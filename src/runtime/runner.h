@@ -94,7 +94,9 @@ public:
         float uniform = 0.f;
     };
     std::vector<int32_t> sample_rows(const Tensor& logits, std::span<const RowSampling> rows);
-    // The same two with the ids left on the device: [n_out] i32, valid until the next call.
+    // The same two with the ids left on the device: [n_out] i32, valid for what is queued before
+    // the next call or the next forward (a decode graph computes its rows' argmax itself, and
+    // argmax_rows_on_device hands out those ids).
     Tensor argmax_rows_on_device(const Tensor& logits);
     Tensor sample_rows_on_device(const Tensor& logits, std::span<const RowSampling> rows);
     // Standalone: allocates the chunks' pages (throws if the pool is short), runs forward and

@@ -254,6 +254,7 @@ struct Recorder {
     const xinfer_backend_api* cpu = cpu_backend_api();
     std::vector<xinfer_op>* capturing = nullptr;
     int upload_during_capture = 0;
+    int eager_argmax = 0;  // ARGMAX ops run outside graphs
 };
 Recorder& recorder() {
     static Recorder r;
@@ -269,6 +270,7 @@ const xinfer_backend_api* recording_api() {
                 graph->push_back(*op);
                 return int(XINFER_OK);
             }
+            recorder().eager_argmax += op->type == XINFER_OP_ARGMAX;
             return recorder().cpu->run_op(ctx, op);
         };
         a.upload = [](void* ctx, void* dst, const void* src, size_t bytes) {
@@ -355,6 +357,42 @@ TEST(HostGraphs, EmulatedCaptureDecodesLikeEager) {
     runner.forward(decode, [&](std::string_view, int, const Tensor&) { ++tapped; });
     EXPECT_GT(tapped, 0);
     EXPECT_EQ(runner.graph_stats().replays, 2);
+}
+
+// A decode graph ends with its rows' argmax: a greedy replayed step gets the argmax of its own
+// logits (not the previous step's) and runs no ARGMAX outside the graph.
+TEST(HostGraphs, ReplayedStepsPickTheirArgmaxInsideTheGraph) {
+    const Fixture f = load_fixture("qwen3_f32");
+    Backend backend(recording_api(), 0, "cpu-recording");
+    auto checkpoint = Checkpoint::open(f.dir);
+    auto model = load_model(*checkpoint, backend);
+    Runner runner(*model, backend, runner_options(false));
+    const std::vector<std::vector<int32_t>> prompts = prompts_of(f, 2);
+    std::vector<std::vector<int32_t>> tokens = prompts;
+    std::vector<SequenceChunk> chunks;
+    for (int s = 0; s < 2; ++s) chunks.push_back({s, 0, tokens[size_t(s)], false});
+    const Tensor prefill = runner.step_on_device(chunks);
+    std::vector<int32_t> ids = runner.argmax_rows(prefill);  // an eager step: its own ARGMAX
+    for (int step = 0; step < 5; ++step) {
+        chunks.clear();
+        for (int s = 0; s < 2; ++s) {
+            tokens[size_t(s)].push_back(ids[size_t(s)]);
+            chunks.push_back({s, int64_t(tokens[size_t(s)].size()) - 1, std::span(tokens[size_t(s)]).last(1), false});
+        }
+        const Tensor logits = runner.step_on_device(chunks);
+        const std::vector<float> host = runner.download_logits(logits);
+        const int before = recorder().eager_argmax;
+        ids = runner.argmax_rows(logits);
+        if (step > 0) {
+            EXPECT_EQ(recorder().eager_argmax, before) << "step " << step << " ran an ARGMAX outside its graph";
+        }
+        for (int s = 0; s < 2; ++s) {
+            const float* row = host.data() + size_t(s) * size_t(f.vocab);
+            EXPECT_EQ(ids[size_t(s)], int32_t(std::max_element(row, row + f.vocab) - row)) << "step " << step << " row " << s;
+        }
+    }
+    EXPECT_EQ(runner.graph_stats().replays, 4);  // the first decode step captured the graph
+    for (int s = 0; s < 2; ++s) runner.release(s);
 }
 
 // On the CPU (no graph capture) every step runs eagerly and nothing is captured.
