@@ -140,7 +140,7 @@ private:
     Tensor logits_for(int rows) const;
     Tensor ids_for(int rows) const;
     void upload_metadata(const Bucket& bucket);
-    // Eager padded run, then capture. The eager run's logits are the step's result either way.
+    // Eager padded run, then capture. The eager run's logits and argmax ids are the step's result either way.
     void capture(Bucket& bucket);
 
     Model& model_;
