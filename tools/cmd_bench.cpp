@@ -186,7 +186,7 @@ void add_bench_command(CLI::App& app) {
         }
 
         // The last step's graph again, back to back: the device's own time per step, so that the
-        // rest of a timed step (metadata, launch, argmax, the id's download and wait) shows.
+        // rest of a timed step (metadata, launch, the id's download and wait) shows.
         const DecodeGraphs::ReplayTimes replay =
             profiler ? DecodeGraphs::ReplayTimes{} : runner.time_last_decode_replay(16);
         const double replay_seconds = replay.graph;
@@ -228,7 +228,7 @@ void add_bench_command(CLI::App& app) {
         const double step_seconds = decode_seconds / double(options->gen_len);
         if (replay_seconds > 0)
             fmt::print("decode step {:.3f} ms; its graph alone, replayed 16 times back to back, {:.3f} ms "
-                       "({:.1f}% of the roofline): {:.1f} us a step are outside the graph (metadata, launch, argmax, the id's download and wait)\n",
+                       "({:.1f}% of the roofline): {:.1f} us a step are outside the graph (metadata, launch, the id's download and wait)\n",
                        step_seconds * 1e3, replay_seconds * 1e3,
                        100.0 * bytes_per_token / replay_seconds / (bandwidth_gbps * 1e9),
                        (step_seconds - replay_seconds) * 1e6);

@@ -401,11 +401,10 @@ int queue_download(Context* c, size_t offset, const void* src, size_t bytes) {
         XCUDA_TRY(c, cudaMemcpyAsync(c->download_staging + offset, src, bytes, cudaMemcpyDeviceToHost, c->stream));
         return XINFER_OK;
     }
-    char* staging = nullptr;  // the staging as kernels address it
-    XCUDA_TRY(c, cudaHostGetDevicePointer(reinterpret_cast<void**>(&staging), c->download_staging, 0));
     constexpr unsigned kThreads = 256;
     const unsigned blocks = unsigned(std::min<size_t>((bytes + 16 * kThreads - 1) / (16 * kThreads), 16));
-    download_copy_kernel<<<blocks, kThreads, 0, c->stream>>>(staging + offset, static_cast<const char*>(src), bytes);
+    download_copy_kernel<<<blocks, kThreads, 0, c->stream>>>(c->download_staging_device + offset,
+                                                              static_cast<const char*>(src), bytes);
     XCUDA_CHECK_LAUNCH(c, "download_copy_kernel");
     return XINFER_OK;
 }
@@ -422,11 +421,12 @@ int download_async(void* p, void* dst, const void* src, size_t bytes) {
     if (offset + bytes > c->download_staging_bytes) {
         if (!c->pending_downloads.empty()) return download(p, dst, src, bytes);  // in order, just not overlapped
         if (c->download_staging) cudaFreeHost(c->download_staging);
-        c->download_staging = nullptr;
+        c->download_staging = c->download_staging_device = nullptr;
         c->download_staging_bytes = 0;
         const size_t size = std::max(kMinDownloadStaging, bytes);
         XCUDA_TRY(c, cudaHostAlloc(reinterpret_cast<void**>(&c->download_staging), size, cudaHostAllocMapped));
-        c->download_staging_bytes = size;
+        XCUDA_TRY(c, cudaHostGetDevicePointer(reinterpret_cast<void**>(&c->download_staging_device), c->download_staging, 0));
+        c->download_staging_bytes = size;  // only once both pointers are valid
     }
     if (!c->downloads_done) XCUDA_TRY(c, cudaEventCreateWithFlags(&c->downloads_done, cudaEventDisableTiming));
     const bool starved = timeline_starved(c);

@@ -68,6 +68,7 @@ struct Context {
         size_t offset, bytes;
     };
     char* download_staging = nullptr;  // cudaHostAlloc (mapped), download_staging_bytes
+    char* download_staging_device = nullptr;  // the same memory as kernels address it
     size_t download_staging_bytes = 0;
     std::vector<PendingDownload> pending_downloads;
     size_t pending_download_bytes = 0;
