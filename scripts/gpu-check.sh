@@ -122,8 +122,6 @@ if [ $engine = 1 ]; then
             # FP8 experts with one token tile stream through shared-memory rings; their pipelined
             # register path stays the fallback.
             ops_test_with XINFER_CUDA_MOE_RING=0 ops-test-moe-no-ring.log "register rounds" --op moe_experts
-            # Their down kernel takes h as f16 from gate_up (the f16 mma); the bf16 mma stays its fallback.
-            ops_test_with XINFER_CUDA_FP8_F16_MMA=3 ops-test-moe-bf16-down.log "bf16 mma down" --op moe_experts
             # Kernels that read host-written inputs and older keys before pdl_wait, in the old order.
             ops_test_with XINFER_CUDA_EARLY_READS=0 ops-test-late-reads.log "reads after pdl_wait" \
                 --op attention,rmsnorm,add_rmsnorm,rope,kv_store

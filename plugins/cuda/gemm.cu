@@ -955,7 +955,7 @@ cudaDataType cuda_type(int dtype) {
 }  // namespace
 
 bool fp8_f16_mma_enabled(int kernel) {
-    static const int64_t mask = env_int("XINFER_CUDA_FP8_F16_MMA", kF16MmaGemv | kF16MmaGateUp | kF16MmaDown);
+    static const int64_t mask = env_int("XINFER_CUDA_FP8_F16_MMA", kF16MmaGemv | kF16MmaGateUp);
     return (mask & kernel) != 0;
 }
 

@@ -63,12 +63,11 @@ struct Gemv {
 };
 bool gemv_fits(const Gemv& g);
 
-// Whether an FP8 tensor-core stream (mma_gemv_kernel, the grouped expert gate_up and down kernels)
-// may run the f16 mma on e4m3 weights widened to f16, with its activations as power-of-two-scaled
-// f16 (staged in shared memory by weight_stream.cuh's stage_act_f16; the down kernel's h written
-// so by gate_up). XINFER_CUDA_FP8_F16_MMA: a mask of the kernels that do (default 7 = all three;
-// 0 = the bf16 mma everywhere).
-enum F16MmaKernel { kF16MmaGemv = 1, kF16MmaGateUp = 2, kF16MmaDown = 4 };
+// Whether an FP8 tensor-core stream (mma_gemv_kernel, the grouped expert gate_up kernel) may
+// run the f16 mma on e4m3 weights widened to f16, with its activations staged as power-of-two-
+// scaled f16 in shared memory (weight_stream.cuh: stage_act_f16). XINFER_CUDA_FP8_F16_MMA: a mask
+// of the kernels that do (default 3 = both; 0 = the bf16 mma everywhere).
+enum F16MmaKernel { kF16MmaGemv = 1, kF16MmaGateUp = 2 };
 bool fp8_f16_mma_enabled(int kernel);
 int launch_gemv(Context* c, const Gemv& g);
 

@@ -358,20 +358,15 @@ __host__ __device__ inline int64_t moe_ring_offset_ints(int64_t P, int64_t E) { 
 // ids and lets the down kernel launch at once; down builds its plan from the ids (complete: the
 // router finished before gate_up passed its wait) and waits for gate_up's grid before reading h.
 
-// kHF16 (fp8, one token tile): h is written as f16 for the down kernel's f16 mma (see
-// moe_h_f16), each block's 64 rows of a pair times a power of two, undone by h_inv[pair][block].
-template <bool kFp8, int kNT, int kU, bool kPipe, int kRing, bool kF16 = false, bool kHF16 = false>
+template <bool kFp8, int kNT, int kU, bool kPipe, int kRing, bool kF16 = false>
 __global__ void __launch_bounds__(kGateWarps * 32, 2)
     moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
                                const void* gate_up /*[E, 2I, H]*/, const float* scale /*[E, srows, scols] or null*/,
                                int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
-                               int64_t H, __nv_bfloat16* h_out /*[P, I]; kHF16: f16*/,
-                               float* h_inv /*kHF16: [P, ceil(I / 64)]*/) {
-    static_assert(!kHF16 || (kFp8 && kNT == 1 && kGateTiles * 16 == 64), "a block's rows are one 64-column chunk of h");
+                               int64_t H, __nv_bfloat16* h_out /*[P, I]*/) {
     extern __shared__ __align__(16) int plan_smem[];
     // The second half of the warps' partial sums (the half of H they streamed), per 16-row tile.
     __shared__ float partner[kGateTiles][kNT][8][32];
-    __shared__ int h_max[kHF16 ? 8 : 1];  // kHF16: the bits of max |h| per pair column of the pass
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
     pdl_begin();
     const int nd = moe_block_plan(ids, P, E, cnt, end, list, slot_expert);
@@ -495,10 +490,8 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                     partner[tile][nt][2 * r + 1][lane] = au[nt][r];
                 }
         }
-        if (kHF16 && threadIdx.x < 8) h_max[threadIdx.x] = 0;
         __syncthreads();
         // Accumulator r of tile nt: row i0 + g (+8 for r ≥ 2), pair column pb + 8·nt + 2c + (r & 1).
-        float hv[kNT][4];  // h as bf16 values
         if (half == 0 && active) {
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
@@ -511,48 +504,22 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                         const float gv = round_to(XINFER_DTYPE_BF16, (ag[nt][r] + partner[tile][nt][2 * r][lane]) * inv);
                         const float uv =
                             round_to(XINFER_DTYPE_BF16, (au[nt][r] + partner[tile][nt][2 * r + 1][lane]) * inv);
-                        hv[nt][r] = round_to(XINFER_DTYPE_BF16, gv / (1.f + expf(-gv)) * uv);
-                        if constexpr (kHF16) atomicMax(h_max + (q - pb), __float_as_int(fabsf(hv[nt][r])));
-                        else h_out[int64_t(pairs[q]) * I + row] = __float2bfloat16_rn(hv[nt][r]);
+                        h_out[int64_t(pairs[q]) * I + row] = __float2bfloat16_rn(gv / (1.f + expf(-gv)) * uv);
                     }
                 }
             }
         }
-        if constexpr (kHF16) {
-            // The block's 64 rows of each pair times 2^s (stage_shift: the largest in [2^14, 2^15)),
-            // so that every bf16 value down to 2^-28 of the largest is exact in f16.
-            __syncthreads();
-            if (half == 0 && active) {
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const int64_t row = i0 + g + (r >= 2 ? 8 : 0);
-                    const int q = pb + 2 * c + (r & 1);
-                    if (row < I && q < n_e) {
-                        const float up = __int_as_float((127 + stage_shift(h_max[q - pb])) << 23);
-                        reinterpret_cast<__half*>(h_out)[int64_t(pairs[q]) * I + row] = __float2half_rn(hv[0][r] * up);
-                    }
-                }
-            }
-            if (threadIdx.x < 8 && pb + int(threadIdx.x) < n_e)
-                h_inv[int64_t(pairs[pb + threadIdx.x]) * ((I + 63) / 64) + blockIdx.x] =
-                    __int_as_float((127 - stage_shift(h_max[threadIdx.x])) << 23);
-        }
-        __syncthreads();  // `partner` (and h_max) are reused by the next pass
+        __syncthreads();  // `partner` is reused by the next pass
     }
 }
 
-// kHF16 (fp8, one token tile, rings): h is f16 as moe_grouped_gate_up_kernel<..., kHF16> wrote
-// it, and the f16 mma takes the e4m3 weights with one conversion per pair (instead of four
-// through f32 to bf16); h_inv's factors join the chunk scales.
-template <bool kFp8, int kNT, int kU, bool kPipe, int kRing, bool kHF16 = false>
+template <bool kFp8, int kNT, int kU, bool kPipe, int kRing>
 __global__ void __launch_bounds__(kDownWarps * 32, 2)
-    moe_grouped_down_kernel(const __nv_bfloat16* h /*[P, I]; kHF16: f16*/, const float* h_inv /*kHF16: [P, ceil(I / 64)]*/,
-                            const int32_t* ids /*[T, top_k]*/,
+    moe_grouped_down_kernel(const __nv_bfloat16* h /*[P, I]*/, const int32_t* ids /*[T, top_k]*/,
                             const float* weights /*[T, top_k]*/, int T, int top_k, int E,
                             const void* down /*[E, H, I]*/, const float* scale /*[E, srows, scols] or null*/,
                             int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
                             int64_t H, int k_parts, bool h_in_smem, void* out /*[T, H]*/, int out_dtype) {
-    static_assert(!kHF16 || (kFp8 && kNT == 1 && kRing > 0), "the f16 h is the one-tile ring kernel's");
     extern __shared__ __align__(16) int plan_smem[];
     const int P = T * top_k;
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
@@ -605,17 +572,12 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
     // against 65.3 µs for the whole op, the staging's maximum pass sitting between the PDL wait
     // and the first h fragment.)
     const __nv_bfloat16* hb = h;
-    uint4* hs = ring_base + kRing * kDownWarps * 2 * kU * 32;
     if (h_in_smem) {
+        uint4* hs = ring_base + kRing * kDownWarps * 2 * kU * 32;
         copy_to_shared(hs, reinterpret_cast<const uint4*>(h), int64_t(P) * I / 8);
+        __syncthreads();
         hb = reinterpret_cast<const __nv_bfloat16*>(hs);
     }
-    // kHF16: h_inv [P, chunks] after h (or in h's place), read through L2 (the previous grid's).
-    const int64_t chunks = (I + 63) / 64;
-    float* inv_s = reinterpret_cast<float*>(hs + (h_in_smem ? int64_t(P) * I / 8 : 0));
-    if constexpr (kHF16)
-        for (int64_t i = threadIdx.x; i < P * chunks; i += blockDim.x) inv_s[i] = __ldcg(h_inv + i);
-    if (h_in_smem || kHF16) __syncthreads();
 
     for (int unit = warp; unit < nd * k_parts; unit += kDownWarps) {
         const int j = unit / k_parts, kq = unit % k_parts;
@@ -630,10 +592,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
             const __nv_bfloat16* hr[kNT];
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) hr[nt] = hb + int64_t(pairs[min(pb + nt * 8 + g, n_e - 1)]) * I;
-            // kHF16: the h factors of the lane's accumulator columns 2c and 2c + 1 (pairs past n_e
-            // repeat the last one; their sums are not stored).
-            const float* inv0 = inv_s + int64_t(pairs[min(pb + 2 * c, n_e - 1)]) * chunks;
-            const float* inv1 = inv_s + int64_t(pairs[min(pb + 2 * c + 1, n_e - 1)]) * chunks;
             float acc[kNT][4];
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt)
@@ -646,11 +604,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                     if (h_in_smem) load_x_frag<true, kActShared>(xw, hr[0], col, ok);
                     else load_x_frag<true, kActL2>(xw, hr[0], col, ok);
                 };
-                const RowScales scales{scale_row, block_of};
-                if constexpr (kHF16)
-                    fp8_round_mma<kU, true>(w.r0, w.r1, kb, I, c, ColumnScaledRows{scales, inv0, inv1}, load_h, acc[0]);
-                else
-                    fp8_round_mma<kU, false>(w.r0, w.r1, kb, I, c, scales, load_h, acc[0]);
+                fp8_round_mma<kU, false>(w.r0, w.r1, kb, I, c, RowScales{scale_row, block_of}, load_h, acc[0]);
             };
             const auto use_round = [&](const Round& w, int64_t kb) {
                 if constexpr (kFp8 && kNT == 1) {
@@ -761,8 +715,6 @@ struct GroupedArgs {
     int block_rows, block_cols;
     int64_t I, H;
     __nv_bfloat16* h;
-    float* h_inv;  // h_f16: [P, ceil(I / 64)]
-    bool h_f16;    // h as f16 between the one-tile FP8 ring kernels (moe_h_f16)
     void* out;
     int out_dtype;
 };
@@ -809,22 +761,6 @@ struct DownRing {
     static constexpr size_t kBytes = size_t(kDownWarps) * kRing * 2 * kU * 32 * 16;
 };
 
-// Whether the fp8 ring gate_up kernel stages x as f16 (its f16 mma).
-bool gate_up_x_f16(int64_t T, int64_t H) {
-    return fp8_f16_mma_enabled(kF16MmaGateUp) && size_t(T) * size_t(H) * 2 <= kGateUpXSmemMaxBytes && H % 8 == 0 &&
-           T <= kStageMaxRows;
-}
-
-// Whether the one-tile FP8 ring kernels pass h as f16 (XINFER_CUDA_FP8_F16_MMA's kF16MmaDown): the
-// down kernel's f16 mma then widens an e4m3 pair in one conversion instead of four through f32 to
-// bf16 (a third of its instructions; in session 19 staging h as f16 inside the down kernel, after
-// its PDL wait, cost more than that saved). gate_up scales each block's 64 rows of a pair by a
-// power of two (stage_shift), as x is staged, and writes the undo factors to h_inv.
-bool moe_h_f16(int64_t T, int64_t H, int64_t busiest, bool gu_fp8, bool dn_fp8) {
-    return gu_fp8 && dn_fp8 && busiest <= 8 && moe_ring_enabled() && gate_up_x_f16(T, H) &&
-           fp8_f16_mma_enabled(kF16MmaDown);
-}
-
 template <bool kFp8, int kNT>
 int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     constexpr int kU = kNT == 1 || (kNT == 2 && !kFp8) ? 4 : 2;  // 16-byte loads per row in flight (registers)
@@ -837,10 +773,11 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
             using R = GateUpRing;
             kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing>;
             smem = size_t(moe_ring_offset_ints(P, a.E)) * 4 + R::kBytes;
-            if (gate_up_x_f16(a.T, a.H)) {
-                kernel = a.h_f16 ? moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8, kFp8>
-                                 : moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8>;
-                smem += size_t(a.T) * size_t(a.H) * 2 + size_t(a.T) * 4;
+            const size_t x_bytes = size_t(a.T) * size_t(a.H) * 2;
+            if (fp8_f16_mma_enabled(kF16MmaGateUp) && x_bytes <= kGateUpXSmemMaxBytes && a.H % 8 == 0 &&
+                a.T <= kStageMaxRows) {
+                kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8>;
+                smem += x_bytes + size_t(a.T) * 4;
             }
         } else if (moe_pipeline_enabled()) {
             // Pipelined (see moe_pipeline_enabled): two register sets of half the loads; fp8's
@@ -851,7 +788,7 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     if (int rc = allow_smem(c, kernel, smem)) return rc;
     return launch_pdl(c, "moe_grouped_gate_up_kernel", kernel, grid,
                       dim3(kGateWarps * 32), smem, a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale,
-                      a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h, a.h_inv);
+                      a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h);
 }
 
 // How many ranges of I the down kernel's warps split each expert into. A block's 8 warps take
@@ -877,10 +814,6 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
             const size_t h_bytes = size_t(P) * size_t(a.I) * 2;
             h_in_smem = moe_h_in_smem_enabled() && h_bytes <= kDownHSmemMaxBytes;
             if (h_in_smem) smem += h_bytes;
-            if (a.h_f16) {
-                kernel = moe_grouped_down_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8>;
-                smem += size_t(P) * size_t(ceil_div(a.I, 64)) * 4;
-            }
         } else if (moe_pipeline_enabled()) {
             kernel = moe_grouped_down_kernel<kFp8, kNT, kU / (kFp8 ? 4 : 2), true, 0>;
         }
@@ -888,7 +821,7 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
     if (int rc = allow_smem(c, kernel, smem)) return rc;
     return launch_pdl(c, "moe_grouped_down_kernel", kernel,
                       dim3(unsigned(ceil_div(a.H, 16))), dim3(kDownWarps * 32), smem,
-                      static_cast<const __nv_bfloat16*>(a.h), a.h_inv, a.ids, a.weights, a.T, a.top_k, a.E, a.down,
+                      static_cast<const __nv_bfloat16*>(a.h), a.ids, a.weights, a.T, a.top_k, a.E, a.down,
                       a.down_scale, a.dn_scale_rows, a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, k_parts,
                       h_in_smem, a.out, a.out_dtype);
 }
@@ -1206,8 +1139,6 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
             ScratchPlan plan;
             const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
             const size_t off_h = plan.add(size_t(P * I) * 2);
-            const bool h_f16 = moe_h_f16(T, H, busiest, gu_fp8, dn_fp8);
-            const size_t off_h_inv = h_f16 ? plan.add(size_t(P * ceil_div(I, 64)) * 4) : 0;
             const size_t off_dn = staged ? plan.add(size_t(P * H) * 4) : 0;
             if (int rc = ensure_scratch(c, plan.total)) return rc;
             char* s = c->scratch;
@@ -1239,8 +1170,6 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
             a.I = I;
             a.H = H;
             a.h = reinterpret_cast<__nv_bfloat16*>(s + off_h);
-            a.h_f16 = h_f16;
-            if (h_f16) a.h_inv = reinterpret_cast<float*>(s + off_h_inv);
             a.out = out.data;
             a.out_dtype = out.dtype;
             if (staged)

@@ -260,28 +260,10 @@ struct WarpScales {
     }
 };
 
-// A chunk's scale for accumulator i of an m16n8 tile (columns 2c + (i & 1)): one for the whole
-// tile, or (float2) one per column of the lane.
-__device__ __forceinline__ float column_scale(float s, int) { return s; }
-__device__ __forceinline__ float column_scale(float2 s, int i) { return i & 1 ? s.y : s.x; }
-
-// The weights' chunk scale times a per-column, per-64-column-chunk factor of the activations: the
-// FP8 expert down kernel's h, which gate_up writes as f16 scaled by a power of two per (pair, 64
-// columns) (inv0 / inv1: the undo factors of the lane's two pair columns, [chunks] each).
-struct ColumnScaledRows {
-    RowScales w;
-    const float *inv0, *inv1;
-    __device__ __forceinline__ float2 at(int64_t chunk) const {
-        const float s = w.at(chunk);
-        const int k = int(chunk / 64);
-        return make_float2(s * inv0[k], s * inv1[k]);
-    }
-};
-
 // acc += Σ_u scale(chunk u) · A_u · X_u over one round of kU e4m3 chunks (64 columns each, rows g
 // and g + 8 of a 16-row tile in r0 / r1) at columns kb + 64u, against one 8-column activation tile.
 // load_x(xw, col, ok) loads the lane's activation fragment at column col (zero when !ok); scales
-// (RowScales, WarpScales or ColumnScaledRows) gives a chunk's scale. The chunks' mma chains are independent and run
+// (RowScales or WarpScales) gives a chunk's scale. The chunks' mma chains are independent and run
 // interleaved: one chain of 4 dependent mmas per chunk left the warps waiting on the tensor core (a
 // third of the FP8 mma_gemv_kernel's stall samples, ncu). Chunks at or past `end` are zero and
 // skipped; a chunk lies in one scale block (block_cols % 64 == 0).
@@ -308,9 +290,9 @@ __device__ __forceinline__ void fp8_round_mma(const uint4 (&r0)[kU], const uint4
     for (int u = 0; u < kU; ++u) {
         const int64_t chunk = kb + u * kChunk;
         if (chunk >= end) break;  // warp-uniform
-        const auto s = scales.at(chunk);
+        const float s = scales.at(chunk);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[u][i], column_scale(s, i), acc[i]);
+        for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[u][i], s, acc[i]);
     }
 }
 
