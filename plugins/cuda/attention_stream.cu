@@ -402,8 +402,9 @@ bool encode_page_map(CUtensorMap* map, const void* cache, int64_t pages, int nkv
 // 90% in whole waves (each block pays its prologue and epilogue once), each split at least two
 // pages per warp, at most kMaxDecodeSplits. Short key ranges (a sliding window) stay in one
 // block: no partials, no combine launch.
+constexpr int64_t kOneSplitKeys = 3 * 64;
 int stream_splits(int64_t est_blocks, int64_t slots, int64_t key_span, int warps) {
-    if (key_span <= 3 * 64) return 1;
+    if (key_span <= kOneSplitKeys) return 1;
     const int64_t most = std::clamp<int64_t>(ceil_div(key_span, int64_t(2 * warps * kKeys)), 1, kMaxDecodeSplits);
     int best = 1;
     double best_fill = 0;
@@ -432,8 +433,9 @@ int launch_stream(Context* c, DecodeArgs& a, const StreamLaunch& s) {
         XCUDA_TRY(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kWarps * 32, L.total));
     if (blocks_per_sm == 0) return XINFER_UNSUPPORTED;
     a.n_split = stream_splits(s.est_blocks, int64_t(blocks_per_sm) * c->sm_count, s.key_span, kWarps);
-    static const int64_t forced = env_int("XINFER_CUDA_ATTN_STREAM_SPLITS", 0);  // A/B of the split rule
-    if (forced > 0) a.n_split = int(std::min<int64_t>(forced, kMaxDecodeSplits));
+    // A/B of the split rule, where it applies (not to a sliding window's one split).
+    static const int64_t forced = env_int("XINFER_CUDA_ATTN_STREAM_SPLITS", 0);
+    if (forced > 0 && s.key_span > kOneSplitKeys) a.n_split = int(std::min<int64_t>(forced, kMaxDecodeSplits));
     if (int rc = decode_partials(c, a)) return rc;
     const dim3 grid{unsigned(s.row_tiles), unsigned(a.nkv), unsigned(a.n_split)};
     return launch_pdl(c, "attention_stream_kernel", kernel, grid, dim3(kWarps * 32), size_t(L.total), a, *s.maps);
