@@ -700,16 +700,21 @@ int launch_stream_rows(Context* c, const StreamGemv& p, dim3 grid) {
 // against 41 with two warps per tile); FP8 keeps two (its rows are half as many bytes: with 8
 // parts the FP8 q|k|v took 29 µs against 18).
 constexpr int kMmaGemvWarps = 8;
-constexpr int kMmaGemvU = 2;     // 64-byte chunks of each of the tile's rows per round
-constexpr int kMmaGemvRing = 4;  // ring slots (rounds) per warp
-constexpr size_t kMmaGemvRingBytes = size_t(kMmaGemvWarps) * kMmaGemvRing * 2 * kMmaGemvU * 32 * 16;  // 64 KB
+// Ring shapes: kU 64-byte chunks of each of the tile's rows per round, kRing slots (rounds) per warp.
+template <int U, int Ring>
+struct MmaGemvRing {
+    static constexpr int kU = U, kRing = Ring;
+    static constexpr size_t kBytes = size_t(kMmaGemvWarps) * kRing * 2 * kU * 32 * 16;
+};
+using MmaGemvRingDefault = MmaGemvRing<2, 4>;  // 64 KB
 constexpr int kFp8MmaParts = 2;  // FP8: two warps per tile, each streaming every other round
 constexpr int kBf16MmaParts = 8; // bf16: a block per tile, its 8 warps streaming every 8th round
 
 // p.split = parts: the warps per 16-row tile (1, 2, 4 or 8).
-template <bool kFp8, bool kEarly, bool kF16>
+template <bool kFp8, bool kEarly, bool kF16, typename Shape = MmaGemvRingDefault>
 __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamGemv p) {
     static_assert(kFp8 || !kF16, "the f16 mma is for e4m3 weights");
+    constexpr int kMmaGemvU = Shape::kU, kMmaGemvRing = Shape::kRing;
     // [warps][kMmaGemvRing][2 · kMmaGemvU][32], then (kF16) x as f16 [rows, K]
     extern __shared__ __align__(16) uint4 mma_ring[];
     __shared__ float partial[kMmaGemvWarps][4][32];  // the sums of parts 1.., added by part 0
@@ -835,17 +840,40 @@ bool bf16_mma_gemv_fits(int64_t T, int64_t N, int64_t K, bool x_aligned, const v
 // x as f16 in shared memory (the f16 mma) when it takes at most kFp8MmaF16MaxBytes (two blocks
 // still fit per SM) and XINFER_CUDA_FP8_F16_MMA has bit kF16MmaGemv; else the bf16 mma.
 constexpr size_t kFp8MmaF16MaxBytes = 16 * 1024;
+// The FP8 f16-mma GEMV's ring, as U·10 + slots: at one token 4 chunks (256 bytes of a row) a round
+// and 2 slots, else 2 × 4 (the bf16 and other FP8 instances keep 2 × 4). H200, FP8 batch-1 decode
+// (q|k|v [14848, 4096]), two rounds in one call (docs/perf/2026-12-02-h200-session24.md): graph
+// 5.689 -> 5.646-5.649 ms, although alone (ops-test --perf) the GEMV read 17.5 -> 17.8 µs; 4 × 3
+// and 2 × 6 slowed the step (5.713-5.720 ms). XINFER_CUDA_FP8_GEMV_RING=24/42/43/26 forces one (A/B).
+int fp8_gemv_ring_shape(int64_t rows) {
+    static const int64_t forced = env_int("XINFER_CUDA_FP8_GEMV_RING", 0);
+    return forced ? int(forced) : rows == 1 ? 42 : 24;
+}
 int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
-    static_assert(kMmaGemvRingBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
+    static_assert(MmaGemvRingDefault::kBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
     static const bool early = env_flag("XINFER_CUDA_FP8_EARLY_RING", true);
     const int64_t tiles = ceil_div(p.n, int64_t(16));
     p.split = fp8 ? kFp8MmaParts : kBf16MmaParts;
     const size_t x_f16_bytes = size_t(p.rows) * size_t(p.k) * 2;
     const bool f16 = fp8 && fp8_f16_mma_enabled(kF16MmaGemv) && x_f16_bytes <= kFp8MmaF16MaxBytes;
-    const auto kernel = !fp8  ? (early ? mma_gemv_kernel<false, true, false> : mma_gemv_kernel<false, false, false>)
-                        : f16 ? (early ? mma_gemv_kernel<true, true, true> : mma_gemv_kernel<true, false, true>)
-                              : (early ? mma_gemv_kernel<true, true, false> : mma_gemv_kernel<true, false, false>);
-    const size_t smem = kMmaGemvRingBytes + (f16 ? x_f16_bytes : 0);
+    auto kernel = !fp8  ? (early ? mma_gemv_kernel<false, true, false> : mma_gemv_kernel<false, false, false>)
+                  : f16 ? (early ? mma_gemv_kernel<true, true, true> : mma_gemv_kernel<true, false, true>)
+                        : (early ? mma_gemv_kernel<true, true, false> : mma_gemv_kernel<true, false, false>);
+    size_t ring_bytes = MmaGemvRingDefault::kBytes;
+    if (fp8 && f16 && early) {
+        const auto take = [&](auto shape) {
+            using S = decltype(shape);
+            kernel = mma_gemv_kernel<true, true, true, S>;
+            ring_bytes = S::kBytes;
+        };
+        switch (fp8_gemv_ring_shape(p.rows)) {
+            case 42: take(MmaGemvRing<4, 2>{}); break;
+            case 43: take(MmaGemvRing<4, 3>{}); break;
+            case 26: take(MmaGemvRing<2, 6>{}); break;
+            default: break;
+        }
+    }
+    const size_t smem = ring_bytes + (f16 ? x_f16_bytes : 0);
     XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int64_t blocks = ceil_div(tiles, int64_t(kMmaGemvWarps / p.split));
     return launch_pdl(c, "mma_gemv_kernel", kernel, dim3(unsigned(blocks)), dim3(kMmaGemvWarps * 32), smem, p);

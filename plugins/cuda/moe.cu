@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 namespace xcuda {
 namespace {
@@ -750,12 +751,28 @@ int allow_smem(Context* c, Kernel kernel, size_t smem) {
 // H = 4,096 is 8 KB. H200, 8 experts, T = 1: 66.8 -> 65.3 µs for the whole op.
 constexpr size_t kGateUpXSmemMaxBytes = 16 * 1024;
 
-// FP8 ring shapes: kU chunks per round, kRing slots per warp; 8 KB of ring per warp, so that two
+// FP8 ring shapes: kU chunks per round, kRing slots per warp; 8-12 KB of ring per warp, so that two
 // blocks of 8 warps fit an SM.
-struct GateUpRing {
-    static constexpr int kU = 1, kRing = 4;
+template <int U, int Ring>
+struct GateUpRingShape {
+    static constexpr int kU = U, kRing = Ring;
     static constexpr size_t kBytes = size_t(kGateWarps) * kRing * 4 * kU * 32 * 16;
 };
+// The ring's shape, chunks per round × slots: 2 × 3 for one token (128 bytes of each row a round
+// instead of 64), else 1 × 4. H200, same call (docs/perf/2026-12-02-h200-session24.md): FP8 experts
+// T = 1 58.3 -> 57.7 µs and FP8 batch-1 decode graph 5.747 -> 5.689-5.696 ms, but T = 2 / 8
+// 63.6 -> 69.5 / 67.6 -> 72.3 µs (the verify shapes keep 1 × 4); 2 × 2 matched 1 × 4.
+// XINFER_CUDA_MOE_GATE_RING="1x4" / "2x3" / "2x2" forces one (A/B).
+int gate_up_ring_setting(int T) {
+    static const int setting = [] {
+        const char* v = std::getenv("XINFER_CUDA_MOE_GATE_RING");
+        if (v && std::strcmp(v, "1x4") == 0) return 14;
+        if (v && std::strcmp(v, "2x3") == 0) return 23;
+        if (v && std::strcmp(v, "2x2") == 0) return 22;
+        return 0;
+    }();
+    return setting ? setting : T == 1 ? 23 : 14;
+}
 struct DownRing {
     static constexpr int kU = 2, kRing = 4;
     static constexpr size_t kBytes = size_t(kDownWarps) * kRing * 2 * kU * 32 * 16;
@@ -770,15 +787,21 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     auto kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kU, false, 0>;
     if constexpr (kNT == 1) {
         if (kFp8 && moe_ring_enabled()) {
-            using R = GateUpRing;
-            kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing>;
-            smem = size_t(moe_ring_offset_ints(P, a.E)) * 4 + R::kBytes;
-            const size_t x_bytes = size_t(a.T) * size_t(a.H) * 2;
-            if (fp8_f16_mma_enabled(kF16MmaGateUp) && x_bytes <= kGateUpXSmemMaxBytes && a.H % 8 == 0 &&
-                a.T <= kStageMaxRows) {
-                kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8>;
-                smem += x_bytes + size_t(a.T) * 4;
-            }
+            const auto ring = [&](auto shape) {
+                using R = decltype(shape);
+                kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing>;
+                smem = size_t(moe_ring_offset_ints(P, a.E)) * 4 + R::kBytes;
+                const size_t x_bytes = size_t(a.T) * size_t(a.H) * 2;
+                if (fp8_f16_mma_enabled(kF16MmaGateUp) && x_bytes <= kGateUpXSmemMaxBytes && a.H % 8 == 0 &&
+                    a.T <= kStageMaxRows) {
+                    kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8>;
+                    smem += x_bytes + size_t(a.T) * 4;
+                }
+            };
+            const int shape = gate_up_ring_setting(a.T);
+            if (shape == 23) ring(GateUpRingShape<2, 3>{});
+            else if (shape == 22) ring(GateUpRingShape<2, 2>{});
+            else ring(GateUpRingShape<1, 4>{});
         } else if (moe_pipeline_enabled()) {
             // Pipelined (see moe_pipeline_enabled): two register sets of half the loads; fp8's
             // widening needs registers of its own, so it keeps one chunk per round.
