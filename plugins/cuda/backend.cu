@@ -61,6 +61,15 @@ int64_t env_int(const char* name, int64_t fallback) {
     return v && v[0] ? int64_t(std::atoll(v)) : fallback;
 }
 
+int env_ring_shape(const char* name) {
+    const char* v = std::getenv(name);
+    if (!v || !v[0]) return 0;
+    if (v[0] >= '1' && v[0] <= '9' && v[1] == 'x' && v[2] >= '1' && v[2] <= '9' && v[3] == 0)
+        return (v[0] - '0') * 10 + (v[2] - '0');
+    std::fprintf(stderr, "xinfer cuda: %s=%s is not of the form UxR (e.g. 2x4); using the default\n", name, v);
+    return 0;
+}
+
 bool early_reads() {
     static const bool on = env_flag("XINFER_CUDA_EARLY_READS", true);
     return on;

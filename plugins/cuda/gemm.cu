@@ -840,14 +840,15 @@ bool bf16_mma_gemv_fits(int64_t T, int64_t N, int64_t K, bool x_aligned, const v
 // x as f16 in shared memory (the f16 mma) when it takes at most kFp8MmaF16MaxBytes (two blocks
 // still fit per SM) and XINFER_CUDA_FP8_F16_MMA has bit kF16MmaGemv; else the bf16 mma.
 constexpr size_t kFp8MmaF16MaxBytes = 16 * 1024;
-// The FP8 f16-mma GEMV's ring, as U·10 + slots: at one token 4 chunks (256 bytes of a row) a round
+// The FP8 f16-mma GEMV's ring (U·10 + slots): at one token 4 chunks (256 bytes of a row) a round
 // and 2 slots, else 2 × 4 (the bf16 and other FP8 instances keep 2 × 4). H200, FP8 batch-1 decode
 // (q|k|v [14848, 4096]), two rounds in one call (docs/perf/2026-12-02-h200-session24.md): graph
 // 5.689 -> 5.646-5.649 ms, although alone (ops-test --perf) the GEMV read 17.5 -> 17.8 µs; 4 × 3
-// and 2 × 6 slowed the step (5.713-5.720 ms). XINFER_CUDA_FP8_GEMV_RING=24/42/43/26 forces one (A/B).
+// and 2 × 6 slowed the step (5.713-5.720 ms). XINFER_CUDA_FP8_GEMV_RING=2x4 / 4x2 / 4x3 / 2x6 forces
+// one (A/B).
 int fp8_gemv_ring_shape(int64_t rows) {
-    static const int64_t forced = env_int("XINFER_CUDA_FP8_GEMV_RING", 0);
-    return forced ? int(forced) : rows == 1 ? 42 : 24;
+    static const int forced = env_ring_shape("XINFER_CUDA_FP8_GEMV_RING");
+    return forced ? forced : rows == 1 ? 42 : 24;
 }
 int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
     static_assert(MmaGemvRingDefault::kBytes > 48 * 1024, "the ring needs the opt-in shared memory size");

@@ -35,7 +35,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 
 namespace xcuda {
 namespace {
@@ -762,16 +761,10 @@ struct GateUpRingShape {
 // instead of 64), else 1 × 4. H200, same call (docs/perf/2026-12-02-h200-session24.md): FP8 experts
 // T = 1 58.3 -> 57.7 µs and FP8 batch-1 decode graph 5.747 -> 5.689-5.696 ms, but T = 2 / 8
 // 63.6 -> 69.5 / 67.6 -> 72.3 µs (the verify shapes keep 1 × 4); 2 × 2 matched 1 × 4.
-// XINFER_CUDA_MOE_GATE_RING="1x4" / "2x3" / "2x2" forces one (A/B).
-int gate_up_ring_setting(int T) {
-    static const int setting = [] {
-        const char* v = std::getenv("XINFER_CUDA_MOE_GATE_RING");
-        if (v && std::strcmp(v, "1x4") == 0) return 14;
-        if (v && std::strcmp(v, "2x3") == 0) return 23;
-        if (v && std::strcmp(v, "2x2") == 0) return 22;
-        return 0;
-    }();
-    return setting ? setting : T == 1 ? 23 : 14;
+// XINFER_CUDA_MOE_GATE_RING=1x4 / 2x3 / 2x2 forces one (A/B). Returns U·10 + slots.
+int gate_up_ring_shape(int T) {
+    static const int forced = env_ring_shape("XINFER_CUDA_MOE_GATE_RING");
+    return forced ? forced : T == 1 ? 23 : 14;
 }
 struct DownRing {
     static constexpr int kU = 2, kRing = 4;
@@ -798,10 +791,11 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
                     smem += x_bytes + size_t(a.T) * 4;
                 }
             };
-            const int shape = gate_up_ring_setting(a.T);
-            if (shape == 23) ring(GateUpRingShape<2, 3>{});
-            else if (shape == 22) ring(GateUpRingShape<2, 2>{});
-            else ring(GateUpRingShape<1, 4>{});
+            switch (gate_up_ring_shape(a.T)) {
+                case 23: ring(GateUpRingShape<2, 3>{}); break;
+                case 22: ring(GateUpRingShape<2, 2>{}); break;
+                default: ring(GateUpRingShape<1, 4>{}); break;
+            }
         } else if (moe_pipeline_enabled()) {
             // Pipelined (see moe_pipeline_enabled): two register sets of half the loads; fp8's
             // widening needs registers of its own, so it keeps one chunk per round.
