@@ -61,12 +61,17 @@ int64_t env_int(const char* name, int64_t fallback) {
     return v && v[0] ? int64_t(std::atoll(v)) : fallback;
 }
 
-int env_ring_shape(const char* name) {
+int env_ring_shape(const char* name, std::initializer_list<int> built) {
     const char* v = std::getenv(name);
     if (!v || !v[0]) return 0;
-    if (v[0] >= '1' && v[0] <= '9' && v[1] == 'x' && v[2] >= '1' && v[2] <= '9' && v[3] == 0)
-        return (v[0] - '0') * 10 + (v[2] - '0');
-    std::fprintf(stderr, "xinfer cuda: %s=%s is not of the form UxR (e.g. 2x4); using the default\n", name, v);
+    if (v[0] >= '1' && v[0] <= '9' && v[1] == 'x' && v[2] >= '1' && v[2] <= '9' && v[3] == 0) {
+        const int shape = (v[0] - '0') * 10 + (v[2] - '0');
+        if (std::find(built.begin(), built.end(), shape) != built.end()) return shape;
+    }
+    std::string names;
+    for (int b : built) names += (names.empty() ? "" : ", ") + std::to_string(b / 10) + "x" + std::to_string(b % 10);
+    std::fprintf(stderr, "xinfer cuda: %s=%s is not one of the built ring shapes (%s); using the default\n", name, v,
+                 names.c_str());
     return 0;
 }
 

@@ -20,6 +20,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <tuple>
@@ -114,9 +115,10 @@ bool pdl_enabled();
 bool env_flag(const char* name, bool fallback);
 // A number from the environment: unset or empty → fallback (the XINFER_CUDA_* tuning knobs).
 int64_t env_int(const char* name, int64_t fallback);
-// A ring shape from the environment, "UxR" (chunks per round x slots), as U·10 + R; 0 when unset
-// or not of that form (with a warning). For the A/B switches that force a weight ring's shape.
-int env_ring_shape(const char* name);
+// A ring shape from the environment, "UxR" (chunks per round x slots), as U·10 + R; 0 when unset,
+// or (with a warning) when not of that form or not one of `built`. For the A/B switches that force
+// a weight ring's shape.
+int env_ring_shape(const char* name, std::initializer_list<int> built);
 // Whether small kernels read what the host and earlier forwards wrote (norm weights, positions,
 // slot mappings, older keys) before pdl_wait. XINFER_CUDA_EARLY_READS=0 turns it off, for A/B runs.
 bool early_reads();

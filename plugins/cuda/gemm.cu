@@ -847,7 +847,7 @@ constexpr size_t kFp8MmaF16MaxBytes = 16 * 1024;
 // and 2 × 6 slowed the step (5.713-5.720 ms). XINFER_CUDA_FP8_GEMV_RING=2x4 / 4x2 / 4x3 / 2x6 forces
 // one (A/B).
 int fp8_gemv_ring_shape(int64_t rows) {
-    static const int forced = env_ring_shape("XINFER_CUDA_FP8_GEMV_RING");
+    static const int forced = env_ring_shape("XINFER_CUDA_FP8_GEMV_RING", {24, 42, 43, 26});
     return forced ? forced : rows == 1 ? 42 : 24;
 }
 int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {

@@ -763,7 +763,7 @@ struct GateUpRingShape {
 // 63.6 -> 69.5 / 67.6 -> 72.3 µs (the verify shapes keep 1 × 4); 2 × 2 matched 1 × 4.
 // XINFER_CUDA_MOE_GATE_RING=1x4 / 2x3 / 2x2 forces one (A/B). Returns U·10 + slots.
 int gate_up_ring_shape(int T) {
-    static const int forced = env_ring_shape("XINFER_CUDA_MOE_GATE_RING");
+    static const int forced = env_ring_shape("XINFER_CUDA_MOE_GATE_RING", {14, 23, 22});
     return forced ? forced : T == 1 ? 23 : 14;
 }
 struct DownRing {
