@@ -850,6 +850,15 @@ int fp8_gemv_ring_shape(int64_t rows) {
     static const int forced = env_ring_shape("XINFER_CUDA_FP8_GEMV_RING", {24, 42, 43, 26});
     return forced ? forced : rows == 1 ? 42 : 24;
 }
+// The bf16 instance's ring: 4 × 2 for one row (o_proj [4096, 8192] at batch 1, in both models: a
+// warp's 8th rounds of 256 bytes a row instead of 128), else 2 × 4. H200, session 24, graph alone,
+// same calls: bf16 decode 8.374-8.375 -> 8.327-8.336 ms (83.9 -> 84.4%), FP8 decode 5.595-5.599 ->
+// 5.539-5.551 ms (72.7-72.8 -> 73.4-73.5%); 4 × 3 5.537 ms (FP8, once). T = 2..8 (verify, serving)
+// keep 2 × 4, unmeasured with 4 × 2. XINFER_CUDA_BF16_GEMV_RING=2x4 / 4x2 / 4x3 forces one (A/B).
+int bf16_gemv_ring_shape(int64_t rows) {
+    static const int forced = env_ring_shape("XINFER_CUDA_BF16_GEMV_RING", {24, 42, 43});
+    return forced ? forced : rows == 1 ? 42 : 24;
+}
 int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
     static_assert(MmaGemvRingDefault::kBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
     static const bool early = env_flag("XINFER_CUDA_FP8_EARLY_RING", true);
@@ -871,6 +880,18 @@ int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
             case 42: take(MmaGemvRing<4, 2>{}); break;
             case 43: take(MmaGemvRing<4, 3>{}); break;
             case 26: take(MmaGemvRing<2, 6>{}); break;
+            default: break;
+        }
+    }
+    if (!fp8 && early) {
+        const auto take = [&](auto shape) {
+            using S = decltype(shape);
+            kernel = mma_gemv_kernel<false, true, false, S>;
+            ring_bytes = S::kBytes;
+        };
+        switch (bf16_gemv_ring_shape(p.rows)) {
+            case 42: take(MmaGemvRing<4, 2>{}); break;
+            case 43: take(MmaGemvRing<4, 3>{}); break;
             default: break;
         }
     }
