@@ -854,10 +854,26 @@ int fp8_gemv_ring_shape(int64_t rows) {
 // warp's 8th rounds of 256 bytes a row instead of 128), else 2 × 4. H200, session 24, graph alone,
 // same calls: bf16 decode 8.374-8.375 -> 8.327-8.336 ms (83.9 -> 84.4%), FP8 decode 5.595-5.599 ->
 // 5.539-5.551 ms (72.7-72.8 -> 73.4-73.5%); 4 × 3 5.537 ms (FP8, once). T = 2..8 (verify, serving)
-// keep 2 × 4, unmeasured with 4 × 2. XINFER_CUDA_BF16_GEMV_RING=2x4 / 4x2 / 4x3 forces one (A/B).
+// keep 2 × 4, unmeasured with 4 × 2. XINFER_CUDA_BF16_GEMV_RING=2x4 / 4x2 / 4x3 / 2x6 forces one
+// (A/B).
 int bf16_gemv_ring_shape(int64_t rows) {
-    static const int forced = env_ring_shape("XINFER_CUDA_BF16_GEMV_RING", {24, 42, 43});
+    static const int forced = env_ring_shape("XINFER_CUDA_BF16_GEMV_RING", {24, 42, 43, 26});
     return forced ? forced : rows == 1 ? 42 : 24;
+}
+// mma_gemv_kernel<kFp8, early ring, kF16> with a ring shape (U·10 + slots; ring_bytes: its size).
+template <bool kFp8, bool kF16>
+void (*early_ring_instance(int shape, size_t* ring_bytes))(StreamGemv) {
+    const auto take = [&](auto ring) {
+        using S = decltype(ring);
+        *ring_bytes = S::kBytes;
+        return mma_gemv_kernel<kFp8, true, kF16, S>;
+    };
+    switch (shape) {
+        case 42: return take(MmaGemvRing<4, 2>{});
+        case 43: return take(MmaGemvRing<4, 3>{});
+        case 26: return take(MmaGemvRing<2, 6>{});
+        default: return take(MmaGemvRingDefault{});
+    }
 }
 int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
     static_assert(MmaGemvRingDefault::kBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
@@ -870,31 +886,8 @@ int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
                   : f16 ? (early ? mma_gemv_kernel<true, true, true> : mma_gemv_kernel<true, false, true>)
                         : (early ? mma_gemv_kernel<true, true, false> : mma_gemv_kernel<true, false, false>);
     size_t ring_bytes = MmaGemvRingDefault::kBytes;
-    if (fp8 && f16 && early) {
-        const auto take = [&](auto shape) {
-            using S = decltype(shape);
-            kernel = mma_gemv_kernel<true, true, true, S>;
-            ring_bytes = S::kBytes;
-        };
-        switch (fp8_gemv_ring_shape(p.rows)) {
-            case 42: take(MmaGemvRing<4, 2>{}); break;
-            case 43: take(MmaGemvRing<4, 3>{}); break;
-            case 26: take(MmaGemvRing<2, 6>{}); break;
-            default: break;
-        }
-    }
-    if (!fp8 && early) {
-        const auto take = [&](auto shape) {
-            using S = decltype(shape);
-            kernel = mma_gemv_kernel<false, true, false, S>;
-            ring_bytes = S::kBytes;
-        };
-        switch (bf16_gemv_ring_shape(p.rows)) {
-            case 42: take(MmaGemvRing<4, 2>{}); break;
-            case 43: take(MmaGemvRing<4, 3>{}); break;
-            default: break;
-        }
-    }
+    if (early && f16) kernel = early_ring_instance<true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes);
+    if (early && !fp8) kernel = early_ring_instance<false, false>(bf16_gemv_ring_shape(p.rows), &ring_bytes);
     const size_t smem = ring_bytes + (f16 ? x_f16_bytes : 0);
     XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int64_t blocks = ceil_div(tiles, int64_t(kMmaGemvWarps / p.split));
