@@ -267,32 +267,46 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 4)
                           const void* down /*[E, H, I] bf16 / e4m3*/, ExpertScales scales, int64_t I, int64_t H,
                           int rows_per_block, void* out /*[1, H]*/, int out_dtype) {
     using W = StreamWeights<kFp8>;
+    constexpr int kU = kSlotUnroll<kFp8>;
     extern __shared__ float slot_dot[];  // [rows_per_block, top_k]
-    pdl_begin();  // ids come from the router, h from the gate_up kernel
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t n0 = int64_t(blockIdx.x) * rows_per_block;
-    for (int unit = warp; unit < rows_per_block * top_k; unit += kStreamWarps) {
+    const int units = rows_per_block * top_k;
+    // Unit u: output row n0 + u / top_k, slot u % top_k; its down row, or null (past H or a bad id).
+    const auto row_of = [&](int unit) -> const char* {
+        const int64_t n = n0 + unit / top_k;
+        const int32_t e = n < H ? ids[unit % top_k] : -1;
+        return e >= 0 && e < E ? static_cast<const char*>(down) + (int64_t(e) * H + n) * I * W::kBytes : nullptr;
+    };
+    const auto load_chunks = [&](const char* w, int64_t base, uint4 (&wv)[kU]) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int64_t at = base + (u * 32 + lane) * W::kLaneCols;
+            if (at < I) wv[u] = load_stream16<false>(w + at * W::kBytes);
+        }
+    };
+    // The ids are complete before this grid starts (the router finished before gate_up passed its
+    // wait) and the weights are constant: each warp's first chunks load before it waits for h.
+    uint4 wv[kU];
+    const char* first = warp < units ? row_of(warp) : nullptr;
+    if (first) load_chunks(first, 0, wv);
+    pdl_begin();  // h comes from the gate_up kernel
+    for (int unit = warp; unit < units; unit += kStreamWarps) {
         const int64_t n = n0 + unit / top_k;
         const int s = unit % top_k;
         if (n >= H) break;  // units are row-major: every later unit is past H too
-        const int32_t e = ids[s];
-        if (e < 0 || e >= E) {
+        const char* w = unit == warp ? first : row_of(unit);
+        if (!w) {
             if (lane == 0) slot_dot[unit] = __int_as_float(0x7fc00000);
             continue;
         }
-        const char* w = static_cast<const char*>(down) + (int64_t(e) * H + n) * I * W::kBytes;
-        const float* scale_row = kFp8 ? scales.row(e, n) : nullptr;
+        const float* scale_row = kFp8 ? scales.row(ids[s], n) : nullptr;
         const __nv_bfloat16* hs = h + int64_t(s) * I;
         float d = 0.f;
-        for (int64_t base = 0; base < I; base += 32 * W::kLaneCols * kSlotUnroll<kFp8>) {
-            uint4 wv[kSlotUnroll<kFp8>];
+        for (int64_t base = 0; base < I; base += 32 * W::kLaneCols * kU) {
+            if (unit != warp || base != 0) load_chunks(w, base, wv);
 #pragma unroll
-            for (int u = 0; u < kSlotUnroll<kFp8>; ++u) {
-                const int64_t at = base + (u * 32 + lane) * W::kLaneCols;
-                if (at < I) wv[u] = load_stream16<false>(w + at * W::kBytes);
-            }
-#pragma unroll
-            for (int u = 0; u < kSlotUnroll<kFp8>; ++u) {
+            for (int u = 0; u < kU; ++u) {
                 const int64_t at = base + (u * 32 + lane) * W::kLaneCols;
                 if (at < I) d = W::dot(wv[u], hs, at, scale_row, scales.block_cols, d);
             }
