@@ -124,7 +124,7 @@ if [ $engine = 1 ]; then
             ops_test_with XINFER_CUDA_MOE_RING=0 ops-test-moe-no-ring.log "register rounds" --op moe_experts
             # Kernels that read host-written inputs and older keys before pdl_wait, in the old order.
             ops_test_with XINFER_CUDA_EARLY_READS=0 ops-test-late-reads.log "reads after pdl_wait" \
-                --op attention,rmsnorm,add_rmsnorm,rope,kv_store
+                --op attention,rmsnorm,add_rmsnorm,rope,kv_store,moe_experts
         fi
     else
         note "SKIP  xinfer ops-test --backend cuda (not in tools/ yet)"

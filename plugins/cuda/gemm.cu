@@ -850,15 +850,16 @@ int fp8_gemv_ring_shape(int64_t rows) {
     static const int forced = env_ring_shape("XINFER_CUDA_FP8_GEMV_RING", {24, 42, 43, 26});
     return forced ? forced : rows == 1 ? 42 : 24;
 }
-// The bf16 instance's ring: 4 × 2 for one row (o_proj [4096, 8192] at batch 1, in both models: a
-// warp's 8th rounds of 256 bytes a row instead of 128), else 2 × 4. H200, session 24, graph alone,
-// same calls: bf16 decode 8.374-8.375 -> 8.327-8.336 ms (83.9 -> 84.4%), FP8 decode 5.595-5.599 ->
-// 5.539-5.551 ms (72.7-72.8 -> 73.4-73.5%); 4 × 3 5.537 ms (FP8, once). T = 2..8 (verify, serving)
-// keep 2 × 4, unmeasured with 4 × 2. XINFER_CUDA_BF16_GEMV_RING=2x4 / 4x2 / 4x3 / 2x6 forces one
-// (A/B).
-int bf16_gemv_ring_shape(int64_t rows) {
+// The bf16 instance's ring: 4 × 2 (a warp's rounds read 256 bytes of a row instead of 128) at
+// every row count it runs (1-8: o_proj at batch 1 in both models, the DFlash verify's and small
+// serving batches' projections). H200, graph alone, same calls: bf16 decode 8.374-8.375 ->
+// 8.327-8.336 ms (83.9 -> 84.4%), FP8 decode 5.595-5.599 -> 5.539-5.551 ms (session 24); DFlash
+// verify of 8 tokens 11.33-11.35 -> 10.84-11.00 ms (1.30 -> 1.25-1.26x a decode step), serving at
+// concurrency 8 74.7-74.8 -> 76.2-76.3% (session 25). XINFER_CUDA_BF16_GEMV_RING=2x4 / 4x2 / 4x3 /
+// 2x6 forces one (A/B).
+int bf16_gemv_ring_shape(int64_t) {
     static const int forced = env_ring_shape("XINFER_CUDA_BF16_GEMV_RING", {24, 42, 43, 26});
-    return forced ? forced : rows == 1 ? 42 : 24;
+    return forced ? forced : 42;
 }
 // mma_gemv_kernel<kFp8, early ring, kF16> with a ring shape (U·10 + slots; ring_bytes: its size).
 template <bool kFp8, bool kF16>
