@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A/B of the weight rings' shapes (chunks per round x slots per warp; plugins/cuda/README.md:
-# XINFER_CUDA_MOE_GATE_RING, XINFER_CUDA_FP8_GEMV_RING, XINFER_CUDA_BF16_GEMV_RING) where
-# session 24 did not measure them: the graph-replayed step of batch-1 decode, the DFlash verify of
-# 8 tokens and serving at concurrency 8, alternating the settings, ROUNDS times (default 2). The
-# settings force a shape at every row count, so the T = 1 rows show the shape against the rule's
-# one-row default and the others show it where the rule keeps 2x4 / 1x4.
+# XINFER_CUDA_MOE_GATE_RING, XINFER_CUDA_FP8_GEMV_RING, XINFER_CUDA_BF16_GEMV_RING) in the
+# graph-replayed step of batch-1 decode, the DFlash verify of 8 tokens and serving at concurrency 8,
+# alternating the settings, ROUNDS times (default 2). The settings force a shape at every row count,
+# so the T = 1 rows show the shape against the rule's one-row default and the others show it where
+# the rule differs at 2-8 rows (FP8 GEMV 2x4, gate_up 1x4; the bf16 GEMV is 4x2 everywhere since
+# session 25).
 #
 #   scripts/gpu-ring-shapes.sh [decode|verify|serving] ["ENV=VALUE ..." ...]
 #
