@@ -841,7 +841,7 @@ bool bf16_mma_gemv_fits(int64_t T, int64_t N, int64_t K, bool x_aligned, const v
 // still fit per SM) and XINFER_CUDA_FP8_F16_MMA has bit kF16MmaGemv; else the bf16 mma.
 constexpr size_t kFp8MmaF16MaxBytes = 16 * 1024;
 // The FP8 f16-mma GEMV's ring (U·10 + slots): at one token 4 chunks (256 bytes of a row) a round
-// and 2 slots, else 2 × 4 (the bf16 and other FP8 instances keep 2 × 4). H200, FP8 batch-1 decode
+// and 2 slots, else 2 × 4 (the other FP8 instances keep 2 × 4 too). H200, FP8 batch-1 decode
 // (q|k|v [14848, 4096]), two rounds in one call (docs/perf/2026-12-02-h200-session24.md): graph
 // 5.689 -> 5.646-5.649 ms, although alone (ops-test --perf) the GEMV read 17.5 -> 17.8 µs; 4 × 3
 // and 2 × 6 slowed the step (5.713-5.720 ms). XINFER_CUDA_FP8_GEMV_RING=2x4 / 4x2 / 4x3 / 2x6 forces
@@ -857,7 +857,7 @@ int fp8_gemv_ring_shape(int64_t rows) {
 // verify of 8 tokens 11.33-11.35 -> 10.84-11.00 ms (1.30 -> 1.25-1.26x a decode step), serving at
 // concurrency 8 74.7-74.8 -> 76.2-76.3% (session 25). XINFER_CUDA_BF16_GEMV_RING=2x4 / 4x2 / 4x3 /
 // 2x6 forces one (A/B).
-int bf16_gemv_ring_shape(int64_t) {
+int bf16_gemv_ring_shape() {
     static const int forced = env_ring_shape("XINFER_CUDA_BF16_GEMV_RING", {24, 42, 43, 26});
     return forced ? forced : 42;
 }
@@ -888,7 +888,7 @@ int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
                         : (early ? mma_gemv_kernel<true, true, false> : mma_gemv_kernel<true, false, false>);
     size_t ring_bytes = MmaGemvRingDefault::kBytes;
     if (early && f16) kernel = early_ring_instance<true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes);
-    if (early && !fp8) kernel = early_ring_instance<false, false>(bf16_gemv_ring_shape(p.rows), &ring_bytes);
+    if (early && !fp8) kernel = early_ring_instance<false, false>(bf16_gemv_ring_shape(), &ring_bytes);
     const size_t smem = ring_bytes + (f16 ? x_f16_bytes : 0);
     XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int64_t blocks = ceil_div(tiles, int64_t(kMmaGemvWarps / p.split));
