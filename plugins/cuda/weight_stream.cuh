@@ -185,6 +185,159 @@ __device__ __forceinline__ void stage_act_f16(const __nv_bfloat16* src, int rows
     __syncthreads();
 }
 
+// ---- e4m3 weights on the e4m3 mma (no widening) ------------------------------------------------------
+// mma.sync m16n8k32 with e4m3 A and B (sm_89+) takes the weights' bytes as loaded: no conversion
+// at all, against 16 conversions and 4 f16 mmas per 64-column chunk on the f16 path. The
+// activations become e4m3 too, without losing what bf16 holds: each token's row is split into two
+// e4m3 planes, x · 2^s = q0 + q1 / 32 (stage_act_e4m3), and the planes are two of B's 8 columns,
+// so one mma multiplies both (T ≤ 4 tokens: columns 2t and 2t + 1). The products are exact; the
+// sums meet in f32 (acc_hi + acc_lo / 32) · 2^-s.
+
+// d[16×8] += a[16×32] · b[32×8], e4m3 in, f32 accumulate. a0 / a2: row g, a1 / a3: row g + 8; a0,
+// a1 and b0 hold k = 4c .. 4c + 3, a2, a3 and b1 k = 16 + 4c .. 16 + 4c + 3 (4 bytes a register,
+// the lowest k in the lowest byte).
+__device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += one 64-column chunk (rows g and g + 8 in r0 / r1, the lane's 16 bytes of each) times the
+// lane's 16 plane bytes x: two k32 steps, words 0-1 then 2-3 (k = 4c .. 4c + 3 and 16 + 4c .. in
+// each: the same permutation of the chunk's columns for weights and planes).
+__device__ __forceinline__ void e4m3_chunk_mma(float (&d)[4], uint4 r0, uint4 r1, uint4 x) {
+    mma_16832_e4m3(d, r0.x, r1.x, r0.y, r1.y, x.x, x.y);
+    mma_16832_e4m3(d, r0.z, r1.z, r0.w, r1.w, x.z, x.w);
+}
+// Two chunks (or two row tiles against the same x) as interleaved independent chains.
+__device__ __forceinline__ void e4m3_chunk_mma(float (&d)[4], float (&e)[4], uint4 a0, uint4 a1, uint4 b0, uint4 b1,
+                                               uint4 xa, uint4 xb) {
+    mma_16832_e4m3(d, a0.x, a1.x, a0.y, a1.y, xa.x, xa.y);
+    mma_16832_e4m3(e, b0.x, b1.x, b0.y, b1.y, xb.x, xb.y);
+    mma_16832_e4m3(d, a0.z, a1.z, a0.w, a1.w, xa.z, xa.w);
+    mma_16832_e4m3(e, b0.z, b1.z, b0.w, b1.w, xb.z, xb.w);
+}
+__device__ __forceinline__ void e4m3_chunk_mma(float (&d)[4], float (&e)[4], uint4 a0, uint4 a1, uint4 b0, uint4 b1,
+                                               uint4 x) {
+    e4m3_chunk_mma(d, e, a0, a1, b0, b1, x, x);
+}
+
+// Two f32 to e4m3 (round to nearest, finite: |v| ≤ 448 here), packed: a in the low byte.
+__device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float a, float b) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float2 e4m3x2_to_f32x2(uint16_t v) {
+    uint32_t h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v));
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Stages bf16 activations [rows, K] (as stage_act_f16: 16-byte aligned, K % 8 == 0, block-wide)
+// as two e4m3 planes per row in shared memory: dst[(2r + p) · K + k], row r times 2^s_r so that
+// its largest magnitude lies in [2^7, 2^8), v0 = x · 2^s, q0 = e4m3(v0), q1 = e4m3(32 · (v0 - q0)).
+// Each step is exact in f32 and |32 · (v0 - q0)| ≤ 256 (half an e4m3 step of a value below 2^8,
+// times 32), so x = (q0 + q1 / 32) · 2^-s up to half of q1's step (2^-14 of v0's units): every
+// value within 2^-14 of the row's largest keeps all 8 of its significant bits, smaller ones are off
+// by at most 2^-22 of the largest, near the f32 sums' own rounding. inv[r] = 2^-s_r; a row holding inf or NaN gets
+// inv = NaN (its sums are NaN, as the bf16 path's would be inf or NaN).
+__device__ __forceinline__ void stage_act_e4m3(const __nv_bfloat16* src, int rows, int64_t K, uint8_t* dst,
+                                               float* inv, int* row_max) {
+    const int64_t vecs = K / 8, total = int64_t(rows) * vecs;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) row_max[r] = 0;
+    __syncthreads();
+    uint4 v[kStageVecs];
+#pragma unroll
+    for (int k = 0; k < kStageVecs; ++k) {
+        const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+        if (i >= total) break;
+        v[k] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+    }
+#pragma unroll
+    for (int k = 0; k < kStageVecs; ++k) {
+        const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+        if (i >= total) break;
+        const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+        float m = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 f = __bfloat1622float2(b[e]);
+            m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+        if (m != m) m = __int_as_float(0x7f800000);  // NaN orders as inf here: the row's inv is NaN
+        atomicMax(row_max + i / vecs, __float_as_int(m));  // non-negative floats order as ints
+    }
+    __syncthreads();
+    const auto shift = [](int max_bits) {  // s: the row's largest magnitude times 2^s in [2^7, 2^8)
+        int exponent = 0;
+        frexpf(__int_as_float(max_bits), &exponent);
+        return max_bits > 0 && max_bits < 0x7f800000 ? max(-120, min(120, 8 - exponent)) : 0;
+    };
+    for (int r = threadIdx.x; r < rows; r += blockDim.x)
+        inv[r] = row_max[r] >= 0x7f800000 ? __int_as_float(0x7fc00000) : __int_as_float((127 - shift(row_max[r])) << 23);
+#pragma unroll
+    for (int k = 0; k < kStageVecs; ++k) {
+        const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+        if (i >= total) break;
+        const int64_t r = i / vecs, col = (i % vecs) * 8;
+        const float up = __int_as_float((127 + shift(row_max[r])) << 23);
+        const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+        uint16_t q0[4], q1[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 f = __bfloat1622float2(b[e]);
+            const float2 v0 = make_float2(f.x * up, f.y * up);
+            q0[e] = f32x2_to_e4m3x2(v0.x, v0.y);
+            const float2 back = e4m3x2_to_f32x2(q0[e]);
+            q1[e] = f32x2_to_e4m3x2(32.f * (v0.x - back.x), 32.f * (v0.y - back.y));
+        }
+        const auto pack = [](const uint16_t (&q)[4]) {
+            return make_uint2(uint32_t(q[0]) | uint32_t(q[1]) << 16, uint32_t(q[2]) | uint32_t(q[3]) << 16);
+        };
+        *reinterpret_cast<uint2*>(dst + (2 * r) * K + col) = pack(q0);
+        *reinterpret_cast<uint2*>(dst + (2 * r + 1) * K + col) = pack(q1);
+    }
+    __syncthreads();
+}
+
+// acc += Σ_u scale(chunk u) · A_u · X_u over one round of kU e4m3 chunks (64 columns each, rows g
+// and g + 8 in r0 / r1, lane c holding columns 16c .. 16c + 15 of each) at columns kb + 64u, as
+// fp8_round_mma but on the e4m3 mma: load_x(col, ok) gives the lane's 16 plane bytes at column col
+// (zero when !ok). A chunk is two k32 steps; words 0-1 of the lane's 16 bytes are the first step's
+// k = 4c .. 4c + 3 and 16 + 4c .. 16 + 4c + 3 (the same permutation for weights and planes).
+template <int kU, typename Scales, typename LoadX>
+__device__ __forceinline__ void fp8_round_mma_e4m3(const uint4 (&r0)[kU], const uint4 (&r1)[kU], int64_t kb,
+                                                   int64_t end, int c, const Scales& scales, const LoadX& load_x,
+                                                   float (&acc)[4]) {
+    constexpr int kChunk = 64;
+    uint4 xw[kU];
+    float t[kU][4];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+        const int64_t col = kb + u * kChunk + c * 16;
+        xw[u] = load_x(col, col < end);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) t[u][i] = 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; u += 2) {  // two chunks' chains interleaved
+        if (u + 1 < kU) e4m3_chunk_mma(t[u], t[u + 1], r0[u], r1[u], r0[u + 1], r1[u + 1], xw[u], xw[u + 1]);
+        else e4m3_chunk_mma(t[u], r0[u], r1[u], xw[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+        const int64_t chunk = kb + u * kChunk;
+        if (chunk >= end) break;  // warp-uniform
+        const float s = scales.at(chunk);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] = fmaf(t[u][i], s, acc[i]);
+    }
+}
+
 // The lane's activation fragment of one chunk: columns [col, col + 8·(1 + kFp8)), zero past the end.
 // Where the activations are read from:
 //   kActReadOnly  the read-only path (x, reused from L1 by the block's other row tiles);
