@@ -710,12 +710,10 @@ using MmaGemvRingDefault = MmaGemvRing<2, 4>;  // 64 KB
 constexpr int kFp8MmaParts = 2;  // FP8: two warps per tile, each streaming every other round
 constexpr int kBf16MmaParts = 8; // bf16: a block per tile, its 8 warps streaming every 8th round
 
-// p.split = parts: the warps per 16-row tile (1, 2, 4 or 8). kE4m3 (with kF16, whose shared memory
-// it takes; rows ≤ 4): x as two e4m3 planes per row and the e4m3 mma (weight_stream.cuh).
-template <bool kFp8, bool kEarly, bool kF16, bool kE4m3 = false, typename Shape = MmaGemvRingDefault>
+// p.split = parts: the warps per 16-row tile (1, 2, 4 or 8).
+template <bool kFp8, bool kEarly, bool kF16, typename Shape = MmaGemvRingDefault>
 __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamGemv p) {
     static_assert(kFp8 || !kF16, "the f16 mma is for e4m3 weights");
-    static_assert(kF16 || !kE4m3, "the e4m3 planes use the f16 staging's shared memory");
     constexpr int kMmaGemvU = Shape::kU, kMmaGemvRing = Shape::kRing;
     // [warps][kMmaGemvRing][2 · kMmaGemvU][32], then (kF16) x as f16 [rows, K]
     extern __shared__ __align__(16) uint4 mma_ring[];
@@ -745,8 +743,6 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
     __half* x_f16 = reinterpret_cast<__half*>(mma_ring + kMmaGemvWarps * kMmaGemvRing * 2 * kMmaGemvU * 32);
     const __nv_bfloat16* xr = kF16 ? reinterpret_cast<const __nv_bfloat16*>(x_f16) + min(g, p.rows - 1) * K
                                    : static_cast<const __nv_bfloat16*>(p.x) + min(g, p.rows - 1) * K;
-    // kE4m3: B's column g is plane g % 2 of token g / 2; columns past 2 · p.rows repeat the last.
-    const uint8_t* x_planes = reinterpret_cast<const uint8_t*>(x_f16) + min(g, 2 * p.rows - 1) * K;
 
     struct Round {  // kMmaGemvU chunks of rows g and g + 8
         uint4 r0[kMmaGemvU], r1[kMmaGemvU];
@@ -769,11 +765,7 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
         }
     }
     pdl_begin();
-    if constexpr (kE4m3)
-        stage_act_e4m3(static_cast<const __nv_bfloat16*>(p.x), int(p.rows), K, reinterpret_cast<uint8_t*>(x_f16), x_inv,
-                       x_max);
-    else if constexpr (kF16)
-        stage_act_f16(static_cast<const __nv_bfloat16*>(p.x), int(p.rows), K, x_f16, x_inv, x_max);
+    if constexpr (kF16) stage_act_f16(static_cast<const __nv_bfloat16*>(p.x), int(p.rows), K, x_f16, x_inv, x_max);
 
     // FP8 scales each chunk's sums into acc; bf16 keeps one accumulator per chunk of a round
     // (independent mma chains), summed at the end.
@@ -784,11 +776,7 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
             if constexpr (kF16) load_x_frag<true, kActShared>(xw, xr, col, ok);
             else load_x_frag<kFp8>(xw, xr, col, ok);
         };
-        const auto load_planes = [&](int64_t col, bool ok) {
-            return ok ? *reinterpret_cast<const uint4*>(x_planes + col) : make_uint4(0, 0, 0, 0);
-        };
-        if constexpr (kE4m3) fp8_round_mma_e4m3<kMmaGemvU>(r.r0, r.r1, kb, K, c, scales, load_planes, acc);
-        else if constexpr (kFp8) fp8_round_mma<kMmaGemvU, kF16>(r.r0, r.r1, kb, K, c, scales, load_x, acc);
+        if constexpr (kFp8) fp8_round_mma<kMmaGemvU, kF16>(r.r0, r.r1, kb, K, c, scales, load_x, acc);
         else bf16_round_mma<kMmaGemvU>(r.r0, r.r1, kb, K, c, load_x, chunk_acc);
     };
     if (active)
@@ -807,17 +795,6 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
             for (int q = 1; q < parts; ++q)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[i] += partial[warp + q * tiles][i][lane];
-    }
-    // kE4m3: accumulators 0 / 1 are row n0 + g's planes 0 / 1 of token c, 2 / 3 row n0 + g + 8's.
-    if constexpr (kE4m3) {
-        if (part == 0 && active && c < p.rows)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int64_t row = n0 + g + 8 * h;
-                if (row < p.n)
-                    store_f(p.y, p.y_dtype, int64_t(c) * p.n + row, fmaf(acc[2 * h + 1], 1.f / 32, acc[2 * h]) * x_inv[c]);
-            }
-        return;
     }
     // Accumulator i: row n0 + g (+8 for i ≥ 2), token 2c + (i & 1).
     if (part == 0 && active)
@@ -884,13 +861,13 @@ int bf16_gemv_ring_shape() {
     static const int forced = env_ring_shape("XINFER_CUDA_BF16_GEMV_RING", {24, 42, 43, 26});
     return forced ? forced : 42;
 }
-// mma_gemv_kernel<kFp8, early ring, kF16, kE4m3> with a ring shape (U·10 + slots; ring_bytes: its size).
-template <bool kFp8, bool kF16, bool kE4m3 = false>
+// mma_gemv_kernel<kFp8, early ring, kF16> with a ring shape (U·10 + slots; ring_bytes: its size).
+template <bool kFp8, bool kF16>
 void (*early_ring_instance(int shape, size_t* ring_bytes))(StreamGemv) {
     const auto take = [&](auto ring) {
         using S = decltype(ring);
         *ring_bytes = S::kBytes;
-        return mma_gemv_kernel<kFp8, true, kF16, kE4m3, S>;
+        return mma_gemv_kernel<kFp8, true, kF16, S>;
     };
     switch (shape) {
         case 42: return take(MmaGemvRing<4, 2>{});
@@ -910,11 +887,7 @@ int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
                   : f16 ? (early ? mma_gemv_kernel<true, true, true> : mma_gemv_kernel<true, false, true>)
                         : (early ? mma_gemv_kernel<true, true, false> : mma_gemv_kernel<true, false, false>);
     size_t ring_bytes = MmaGemvRingDefault::kBytes;
-    const bool e4m3 = f16 && p.rows <= 4 && fp8_e4m3_mma_enabled();
-    if (early && f16)
-        kernel = e4m3 ? early_ring_instance<true, true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
-                      : early_ring_instance<true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes);
-    if (!early && e4m3) kernel = mma_gemv_kernel<true, false, true, true>;
+    if (early && f16) kernel = early_ring_instance<true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes);
     if (early && !fp8) kernel = early_ring_instance<false, false>(bf16_gemv_ring_shape(), &ring_bytes);
     const size_t smem = ring_bytes + (f16 ? x_f16_bytes : 0);
     XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -1025,10 +998,6 @@ cudaDataType cuda_type(int dtype) {
 
 }  // namespace
 
-bool fp8_e4m3_mma_enabled() {
-    static const bool enabled = env_flag("XINFER_CUDA_FP8_E4M3_MMA", true);
-    return enabled;
-}
 bool fp8_f16_mma_enabled(int kernel) {
     static const int64_t mask = env_int("XINFER_CUDA_FP8_F16_MMA", kF16MmaGemv | kF16MmaGateUp);
     return (mask & kernel) != 0;

@@ -69,10 +69,6 @@ bool gemv_fits(const Gemv& g);
 // of the kernels that do (default 3 = both; 0 = the bf16 mma everywhere).
 enum F16MmaKernel { kF16MmaGemv = 1, kF16MmaGateUp = 2 };
 bool fp8_f16_mma_enabled(int kernel);
-// Whether those f16-mma streams take the e4m3 mma instead where they have few enough activation
-// rows (x as two e4m3 planes per row, no widening: weight_stream.cuh, stage_act_e4m3).
-// XINFER_CUDA_FP8_E4M3_MMA=0: the f16 mma (A/B).
-bool fp8_e4m3_mma_enabled();
 int launch_gemv(Context* c, const Gemv& g);
 
 // w[N, K] e4m3 with block scales (GroupedGemm's scale grid: restarting every shard_rows rows,

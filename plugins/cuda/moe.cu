@@ -374,9 +374,7 @@ __host__ __device__ inline int64_t moe_ring_offset_ints(int64_t P, int64_t E) { 
 // ids and lets the down kernel launch at once; down builds its plan from the ids (complete: the
 // router finished before gate_up passed its wait) and waits for gate_up's grid before reading h.
 
-// kE4m3 (with kF16, whose shared memory it takes; one token tile): x as two e4m3 planes per row
-// and the e4m3 mma (weight_stream.cuh), so a tile holds 4 pairs (B's columns 2q and 2q + 1).
-template <bool kFp8, int kNT, int kU, bool kPipe, int kRing, bool kF16 = false, bool kE4m3 = false>
+template <bool kFp8, int kNT, int kU, bool kPipe, int kRing, bool kF16 = false>
 __global__ void __launch_bounds__(kGateWarps * 32, 2)
     moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
                                const void* gate_up /*[E, 2I, H]*/, const float* scale /*[E, srows, scols] or null*/,
@@ -443,27 +441,20 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     // kF16 (fp8 with the ring): x [T, H] as f16 rows after the ring, their scales x_inv [T] after
     // them (stage_act_f16), for the f16 mma. The first pass's first rounds go out before, so the
     // staging overlaps them.
-    static_assert(kF16 || !kE4m3, "the e4m3 planes use the f16 staging's shared memory");
-    static_assert(kNT == 1 || !kE4m3, "e4m3: one token tile");
-    constexpr int kTilePairs = kE4m3 ? 4 : 8;
     __shared__ int x_max[kF16 ? kStageMaxRows : 1];
     __half* x_f16 = reinterpret_cast<__half*>(reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E)) +
                                               kGateWarps * kRing * 4 * kU * 32);
     float* x_inv = reinterpret_cast<float*>(x_f16 + int64_t(T) * H);
-    const uint8_t* x_planes = reinterpret_cast<const uint8_t*>(x_f16);
     if constexpr (kF16) {
         if (active) ring_issue_first<kRing>(loads, ring, lane);
-        if constexpr (kE4m3) stage_act_e4m3(x, T, H, reinterpret_cast<uint8_t*>(x_f16), x_inv, x_max);
-        else stage_act_f16(x, T, H, x_f16, x_inv, x_max);
+        stage_act_f16(x, T, H, x_f16, x_inv, x_max);
         x = reinterpret_cast<const __nv_bfloat16*>(x_f16);
     }
 
-    for (int pb = 0; pb < n_e; pb += kTilePairs * kNT) {  // block-uniform
+    for (int pb = 0; pb < n_e; pb += 8 * kNT) {  // block-uniform
         const __nv_bfloat16* xr[kNT];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) xr[nt] = x + int64_t(pairs[min(pb + nt * 8 + g, n_e - 1)] / top_k) * H;
-        // kE4m3: column g is plane g % 2 of pair pb + g / 2's token.
-        const uint8_t* xp = x_planes + (2 * int64_t(pairs[min(pb + g / 2, n_e - 1)] / top_k) + g % 2) * H;
         float ag[kNT][4], au[kNT][4];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
@@ -477,6 +468,9 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                 const int64_t chunk = kb + u * kChunk;
                 if (chunk >= H) break;  // warp-uniform
                 const int64_t col = chunk + c * kLaneCols;
+                AFrag<kFp8, kF16> fg, fu;
+                fg.set(w.g0[u], w.g1[u]);
+                fu.set(w.u0[u], w.u1[u]);
                 float sg = 1.f, su = 1.f;
                 if constexpr (kFp8) {
                     // (Instances of several token tiles keep the division: the multiplier's register spilled them.)
@@ -484,41 +478,27 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                     sg = __ldg(scale_g + b);
                     su = __ldg(scale_u + b);
                 }
-                if constexpr (kE4m3) {
-                    const uint4 xv = col < H ? *reinterpret_cast<const uint4*>(xp + col) : make_uint4(0, 0, 0, 0);
-                    float tg[4] = {0.f, 0.f, 0.f, 0.f}, tu[4] = {0.f, 0.f, 0.f, 0.f};
-                    e4m3_chunk_mma(tg, tu, w.g0[u], w.g1[u], w.u0[u], w.u1[u], xv);
 #pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        ag[0][r] = fmaf(tg[r], sg, ag[0][r]);
-                        au[0][r] = fmaf(tu[r], su, au[0][r]);
-                    }
-                } else {
-                    AFrag<kFp8, kF16> fg, fu;
-                    fg.set(w.g0[u], w.g1[u]);
-                    fu.set(w.u0[u], w.u1[u]);
+                for (int nt = 0; nt < kNT; ++nt) {
+                    if (pb + nt * 8 >= n_e) break;  // warp-uniform
+                    uint32_t xw[8];
+                    if constexpr (kF16) load_x_frag<kFp8, kActShared>(xw, xr[nt], col, col < H);
+                    else load_x_frag<kFp8>(xw, xr[nt], col, col < H);
+                    if constexpr (kFp8) {
+                        float tg[4] = {0.f, 0.f, 0.f, 0.f}, tu[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                    for (int nt = 0; nt < kNT; ++nt) {
-                        if (pb + nt * 8 >= n_e) break;  // warp-uniform
-                        uint32_t xw[8];
-                        if constexpr (kF16) load_x_frag<kFp8, kActShared>(xw, xr[nt], col, col < H);
-                        else load_x_frag<kFp8>(xw, xr[nt], col, col < H);
-                        if constexpr (kFp8) {
-                            float tg[4] = {0.f, 0.f, 0.f, 0.f}, tu[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                            for (int m = 0; m < AFrag<kFp8>::kSteps; ++m) {  // two independent chains, interleaved
-                                fg.mma_step(tg, m, xw);
-                                fu.mma_step(tu, m, xw);
-                            }
-#pragma unroll
-                            for (int r = 0; r < 4; ++r) {
-                                ag[nt][r] = fmaf(tg[r], sg, ag[nt][r]);
-                                au[nt][r] = fmaf(tu[r], su, au[nt][r]);
-                            }
-                        } else {
-                            fg.mma(ag[nt], xw);
-                            fu.mma(au[nt], xw);
+                        for (int m = 0; m < AFrag<kFp8>::kSteps; ++m) {  // two independent chains, interleaved
+                            fg.mma_step(tg, m, xw);
+                            fu.mma_step(tu, m, xw);
                         }
+#pragma unroll
+                        for (int r = 0; r < 4; ++r) {
+                            ag[nt][r] = fmaf(tg[r], sg, ag[nt][r]);
+                            au[nt][r] = fmaf(tu[r], su, au[nt][r]);
+                        }
+                    } else {
+                        fg.mma(ag[nt], xw);
+                        fu.mma(au[nt], xw);
                     }
                 }
             }
@@ -541,26 +521,8 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                 }
         }
         __syncthreads();
-        // kE4m3: accumulators 0 / 1 are row i0 + g's planes 0 / 1 of pair pb + c, 2 / 3 row i0 + g + 8's.
-        if (kE4m3 && half == 0 && active && pb + c < n_e) {
-            const int q = pb + c;
-            const float inv = x_inv[pairs[q] / top_k];
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const int64_t row = i0 + g + 8 * hr;
-                const auto sum = [&](const float (&acc)[4], int k) {  // k: 0 gate, 1 up
-                    const float p0 = acc[2 * hr] + partner[tile][0][4 * hr + k][lane];
-                    const float p1 = acc[2 * hr + 1] + partner[tile][0][4 * hr + 2 + k][lane];
-                    return round_to(XINFER_DTYPE_BF16, fmaf(p1, 1.f / 32, p0) * inv);
-                };
-                if (row < I) {
-                    const float gv = sum(ag[0], 0), uv = sum(au[0], 1);
-                    h_out[int64_t(pairs[q]) * I + row] = __float2bfloat16_rn(gv / (1.f + expf(-gv)) * uv);
-                }
-            }
-        }
         // Accumulator r of tile nt: row i0 + g (+8 for r ≥ 2), pair column pb + 8·nt + 2c + (r & 1).
-        if (!kE4m3 && half == 0 && active) {
+        if (half == 0 && active) {
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -856,10 +818,7 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
                 const size_t x_bytes = size_t(a.T) * size_t(a.H) * 2;
                 if (fp8_f16_mma_enabled(kF16MmaGateUp) && x_bytes <= kGateUpXSmemMaxBytes && a.H % 8 == 0 &&
                     a.T <= kStageMaxRows) {
-                    // The e4m3 mma where every expert's pairs fit one tile of 4 (one token).
-                    kernel = kFp8 && a.T == 1 && fp8_e4m3_mma_enabled()
-                                 ? moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8, kFp8>
-                                 : moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8>;
+                    kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8>;
                     smem += x_bytes + size_t(a.T) * 4;
                 }
             };
