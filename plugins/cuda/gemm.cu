@@ -883,12 +883,15 @@ int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
     p.split = fp8 ? kFp8MmaParts : kBf16MmaParts;
     const size_t x_f16_bytes = size_t(p.rows) * size_t(p.k) * 2;
     const bool f16 = fp8 && fp8_f16_mma_enabled(kF16MmaGemv) && x_f16_bytes <= kFp8MmaF16MaxBytes;
-    auto kernel = !fp8  ? (early ? mma_gemv_kernel<false, true, false> : mma_gemv_kernel<false, false, false>)
-                  : f16 ? (early ? mma_gemv_kernel<true, true, true> : mma_gemv_kernel<true, false, true>)
-                        : (early ? mma_gemv_kernel<true, true, false> : mma_gemv_kernel<true, false, false>);
+    // The early-ring instances of bf16 and of the f16 mma take their rule's ring shape; the rest
+    // keep the default ring.
     size_t ring_bytes = MmaGemvRingDefault::kBytes;
-    if (early && f16) kernel = early_ring_instance<true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes);
-    if (early && !fp8) kernel = early_ring_instance<false, false>(bf16_gemv_ring_shape(), &ring_bytes);
+    const auto kernel = !early ? (!fp8 ? mma_gemv_kernel<false, false, false>
+                                  : f16 ? mma_gemv_kernel<true, false, true>
+                                        : mma_gemv_kernel<true, false, false>)
+                        : !fp8 ? early_ring_instance<false, false>(bf16_gemv_ring_shape(), &ring_bytes)
+                        : f16  ? early_ring_instance<true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
+                               : mma_gemv_kernel<true, true, false>;
     const size_t smem = ring_bytes + (f16 ? x_f16_bytes : 0);
     XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int64_t blocks = ceil_div(tiles, int64_t(kMmaGemvWarps / p.split));
