@@ -110,13 +110,6 @@ typedef enum xinfer_op_type {
        Results are those of the two ops: y is computed from normed as stored in dst1's dtype.
        Optional: a backend may answer supports_op = 0 and xinfer runs the two ops instead. */
     XINFER_OP_ADD_RMSNORM_MATMUL = 17,
-    /* the experts and the norm after them as one op: exactly MOE_EXPERTS(src0..src6 -> y[T,H] in
-       residual's dtype), then ADD_RMSNORM(residual += y in place, normed = rmsnorm(residual) · w)
-       src: as MOE_EXPERTS (x, ids, weights, gate_up, down, gate_up_scale, down_scale), norm weight[H] (src7);
-       dst0: residual[T,H] (in place), dst1: normed[T,H] (may be x itself: y is computed before normed
-       is written); params.norm_matmul (eps; scale blocks as MOE_EXPERTS' params.matmul).
-       Optional: a backend may answer supports_op = 0 and xinfer runs the two ops instead. */
-    XINFER_OP_MOE_EXPERTS_ADD_RMSNORM = 18,
     XINFER_OP_COUNT
 } xinfer_op_type;
 

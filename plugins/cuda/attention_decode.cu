@@ -480,8 +480,7 @@ template <int kPerWarp>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     attention_decode_combine_kernel(const float* part_o /*[n_split, rows, dv]*/, const float* part_ml /*[n_split, rows, 2]*/,
                                     const float* sinks /*[nq] or null*/, int n_split, int64_t n_rows, int nq, int dv,
-                                    void* out /*[rows, dv]*/, int out_dtype, bool trigger_first) {
-    if (trigger_first) pdl_launch_dependents();
+                                    void* out /*[rows, dv]*/, int out_dtype) {
     pdl_begin();
     __shared__ float weight[kMaxDecodeSplits];         // exp2(m_z - M) / denominator
     __shared__ float partial[kCombineWarps][kMaxDv];   // each warp's weighted sum over its splits
@@ -612,12 +611,6 @@ void (*decode_kernel_for(bool bf16, int dk, int dv))(DecodeArgs) {
     return bf16 ? attention_decode_kernel<true, kWarps> : attention_decode_kernel<false, kWarps>;
 }
 
-// EXPERIMENT: XINFER_CUDA_COMBINE_TRIGGER_FIRST=1 lets the next grid launch before the combine waits.
-bool combine_trigger_first() {
-    static const bool enabled = env_flag("XINFER_CUDA_COMBINE_TRIGGER_FIRST", false);
-    return enabled;
-}
-
 // The combine of a.n_split > 1 partials into the output (nothing for one split).
 int launch_combine(Context* c, const DecodeArgs& a) {
     if (a.n_split <= 1) return XINFER_OK;
@@ -631,7 +624,7 @@ int launch_combine(Context* c, const DecodeArgs& a) {
     return launch_pdl(c, "attention_decode_combine_kernel", combine, dim3(unsigned(a.T * a.nq)),
                       dim3(combine_warps * 32), 0, static_cast<const float*>(a.part_o),
                       static_cast<const float*>(a.part_ml), a.sinks, a.n_split, a.T * a.nq, a.nq, a.dv, a.out,
-                      a.out_dtype, combine_trigger_first());
+                      a.out_dtype);
 }
 
 }  // namespace

@@ -151,8 +151,6 @@ const char* op_name(int type) {
         case XINFER_OP_SAMPLE: return "sample";
         case XINFER_OP_CONVERT: return "convert";
         case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
-        case XINFER_OP_ADD_RMSNORM_MATMUL: return "add_rmsnorm_matmul";
-        case XINFER_OP_MOE_EXPERTS_ADD_RMSNORM: return "moe_experts_add_rmsnorm";
         default: return "unknown_op";
     }
 }
@@ -544,7 +542,6 @@ int dispatch(Context* c, const xinfer_op* op, bool run) {
         case XINFER_OP_CONVERT: return op_convert(c, op, run);
         case XINFER_OP_ROPE_KV_STORE: return op_rope_kv_store(c, op, run);
         case XINFER_OP_ADD_RMSNORM_MATMUL: return op_add_rmsnorm_matmul(c, op, run);
-        case XINFER_OP_MOE_EXPERTS_ADD_RMSNORM: return op_moe_experts_add_rmsnorm(c, op, run);
         default: return unsupported(c, op, "op type %d is not implemented", op->type);
     }
 }

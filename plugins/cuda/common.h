@@ -170,9 +170,6 @@ const char* dtype_name(int dtype);
 std::string shape_str(const xinfer_tensor& t);  // "bf16[2, 3]"
 inline int64_t rows_of(const xinfer_tensor& t) { return t.rank == 0 ? 0 : numel(t) / t.shape[t.rank - 1]; }
 inline int64_t cols_of(const xinfer_tensor& t) { return t.rank == 0 ? 0 : t.shape[t.rank - 1]; }
-inline bool same_rows_cols(const xinfer_tensor& a, const xinfer_tensor& b) {
-    return rows_of(a) == rows_of(b) && cols_of(a) == cols_of(b);
-}
 inline bool is_float(int d) { return d == XINFER_DTYPE_F32 || d == XINFER_DTYPE_BF16 || d == XINFER_DTYPE_F16; }
 inline bool is_act(int d) { return d == XINFER_DTYPE_F32 || d == XINFER_DTYPE_BF16; }
 const char* op_name(int type);
@@ -200,7 +197,6 @@ int op_convert(Context* c, const xinfer_op* op, bool run);
 // gemm.cu
 int op_matmul(Context* c, const xinfer_op* op, bool run);
 int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run);
-int op_moe_experts_add_rmsnorm(Context* c, const xinfer_op* op, bool run);
 // moe_route.cu, moe.cu
 int op_moe_route(Context* c, const xinfer_op* op, bool run);
 int op_moe_experts(Context* c, const xinfer_op* op, bool run);

@@ -173,6 +173,10 @@ __global__ void convert_kernel(const void* src /*[n]*/, int src_dtype, void* dst
 
 // ---- validation helpers ------------------------------------------------------------------------
 
+bool same_rows_cols(const xinfer_tensor& a, const xinfer_tensor& b) {
+    return rows_of(a) == rows_of(b) && cols_of(a) == cols_of(b);
+}
+
 int check_norm(Context* c, const xinfer_op* op, const xinfer_tensor& x, const xinfer_tensor& w,
                const xinfer_tensor& out) {
     if (!is_float(x.dtype) || !is_float(w.dtype) || !is_float(out.dtype))

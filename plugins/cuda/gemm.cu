@@ -12,7 +12,6 @@
 #include "gemm.h"
 
 #include "device_utils.cuh"
-#include "norm_tail.cuh"
 #include "weight_stream.cuh"
 
 #include <mma.h>
@@ -300,9 +299,17 @@ struct StreamGemv {
     bool one_scale = true;    // f8: block_cols % 16 == 0, so a 16-value chunk lies in one scale block
 };
 // The norm fused in front of the streaming GEMV (kNorm: ADD_RMSNORM_MATMUL of a router, see
-// norm_rows_to_shared) comes as a NormArgs (norm_tail.cuh): x is not read; every block computes it
-// from those into shared memory. (A separate kernel parameter after StreamGemv, so the other
-// instances' code is unchanged.)
+// norm_rows_to_shared): x is not read; every block computes it from these into shared memory. (A
+// separate kernel parameter after StreamGemv, so the other instances' code is unchanged.)
+struct NormArgs {
+    void* residual = nullptr;       // [rows, k] bf16, += delta in place (by the last block to arrive)
+    const void* delta = nullptr;    // [rows, k] bf16, or null (a plain RMSNORM)
+    const void* weight = nullptr;   // [k] f32 or bf16
+    int weight_dtype = XINFER_DTYPE_F32;
+    float eps = 0.f;
+    void* normed = nullptr;         // [rows, k] bf16, written by the last block to arrive
+    int* arrivals = nullptr;        // Context::arrivals: zero between launches
+};
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
     uint4 v;

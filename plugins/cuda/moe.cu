@@ -29,7 +29,6 @@
 #include "gemm.h"
 #include "moe_common.cuh"
 #include "moe_staged.h"
-#include "norm_tail.cuh"
 
 #include "device_utils.cuh"
 
@@ -266,7 +265,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 4)
     moe_down_slots_kernel(const __nv_bfloat16* h /*[top_k, I]*/, const int32_t* ids /*[top_k]*/,
                           const float* weights /*[top_k]*/, int top_k, int E,
                           const void* down /*[E, H, I] bf16 / e4m3*/, ExpertScales scales, int64_t I, int64_t H,
-                          int rows_per_block, void* out /*[1, H]*/, int out_dtype, bool early, NormArgs norm) {
+                          int rows_per_block, void* out /*[1, H]*/, int out_dtype, bool early) {
     using W = StreamWeights<kFp8>;
     constexpr int kU = kSlotUnroll<kFp8>;
     extern __shared__ float slot_dot[];  // [rows_per_block, top_k]
@@ -324,7 +323,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 4)
         for (int s = 0; s < top_k; ++s) acc = fmaf(weights[s], slot_dot[r * top_k + s], acc);
         store_f(out, out_dtype, n0 + r, acc);
     }
-    if (norm.arrivals) add_rmsnorm_if_last(norm, 1, H);  // MOE_EXPERTS_ADD_RMSNORM
 }
 
 bool moe_down_slots_enabled() {
@@ -551,8 +549,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                             const float* weights /*[T, top_k]*/, int T, int top_k, int E,
                             const void* down /*[E, H, I]*/, const float* scale /*[E, srows, scols] or null*/,
                             int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
-                            int64_t H, int k_parts, bool h_in_smem, void* out /*[T, H]*/, int out_dtype,
-                            NormArgs norm) {
+                            int64_t H, int k_parts, bool h_in_smem, void* out /*[T, H]*/, int out_dtype) {
     extern __shared__ __align__(16) int plan_smem[];
     const int P = T * top_k;
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
@@ -708,7 +705,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
         }
         store_f(out, out_dtype, int64_t(t) * H + n, bad ? __int_as_float(0x7fc00000) : acc);
     }
-    if (norm.arrivals) add_rmsnorm_if_last(norm, T, H);  // MOE_EXPERTS_ADD_RMSNORM
 }
 
 // XINFER_CUDA_MOE_GROUPED=0: the per-pair stream kernels above (bf16) / the GEMV (fp8) instead.
@@ -751,7 +747,6 @@ struct GroupedArgs {
     __nv_bfloat16* h;
     void* out;
     int out_dtype;
-    NormArgs norm;  // MOE_EXPERTS_ADD_RMSNORM: the norm after out, by the down kernel's last block (arrivals set)
 };
 
 // FP8 experts with one token tile (batch-1 decode, verification) stream through the shared-memory
@@ -876,7 +871,7 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
                       dim3(unsigned(ceil_div(a.H, 16))), dim3(kDownWarps * 32), smem,
                       static_cast<const __nv_bfloat16*>(a.h), a.ids, a.weights, a.T, a.top_k, a.E, a.down,
                       a.down_scale, a.dn_scale_rows, a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, k_parts,
-                      h_in_smem, a.out, a.out_dtype, a.norm);
+                      h_in_smem, a.out, a.out_dtype);
 }
 
 // One token, bf16 experts: every pair has its own expert (a token picks an expert once), so the
@@ -899,7 +894,7 @@ int launch_down_slots(Context* c, const GroupedArgs& a) {
     return launch_pdl(c, "moe_down_slots_kernel", moe_down_slots_kernel<kFp8>, dim3(unsigned(ceil_div(a.H, rows))),
                       dim3(kStreamWarps * 32), size_t(rows) * a.top_k * 4, static_cast<const __nv_bfloat16*>(a.h),
                       a.ids, a.weights, a.top_k, a.E, a.down, scales, a.I, a.H, rows, a.out, a.out_dtype,
-                      early_reads(), a.norm);
+                      early_reads());
 }
 
 template <int kNT>
@@ -1114,51 +1109,9 @@ bool expert_weight_ok(const xinfer_tensor& w, const xinfer_tensor& scale, int64_
 
 }  // namespace
 
-// Whether MOE_EXPERTS takes the grouped path: few tokens (decode, verification, small serving
-// batches), bf16 or fp8 experts, grouped by expert, each touched expert's weights read once; chosen
-// while pairs per touched expert stay few enough for the step to be a weight stream (see
-// moe_grouped_pairs_per_expert). staged: through shared memory (moe_staged.cu) instead of the
-// one-tile streams.
-struct GroupedChoice {
-    bool grouped = false, staged = false;
-    int64_t busiest = 0;  // pairs of the busiest expert to expect
-};
-GroupedChoice choose_grouped(const xinfer_tensor& x, const xinfer_tensor& gate_up, const xinfer_tensor& down, int64_t T,
-                             int64_t k, int64_t E, int64_t H, int64_t I, int64_t br, int64_t bc) {
-    const int64_t P = T * k;
-    const bool gu_fp8 = gate_up.dtype == XINFER_DTYPE_F8_E4M3, dn_fp8 = down.dtype == XINFER_DTYPE_F8_E4M3;
-    const bool any_fp8 = gu_fp8 || dn_fp8;
-    const bool dtypes_ok = (gate_up.dtype == XINFER_DTYPE_BF16 || gu_fp8) && (down.dtype == XINFER_DTYPE_BF16 || dn_fp8);
-    const int64_t align = any_fp8 ? 16 : 8;  // elements per 16-byte load of the narrowest operand
-    const int64_t touched = std::min(E, P);
-    if (touched == 0) return {};
-    const bool few = P <= kGemvMaxPairs || ceil_div(P, touched) <= moe_grouped_pairs_per_expert();
-    const size_t smem_down = size_t(moe_plan_ints(P, E)) * 4 + size_t(P) * 16 * 4;
-    const bool convert_x = x.dtype != XINFER_DTYPE_BF16;
-    if (!(moe_grouped_enabled() && moe_stream_enabled() && dtypes_ok && few && P <= kGroupedMaxPairs &&
-          H % align == 0 && I % align == 0 &&
-          (!any_fp8 || (br % 16 == 0 && bc % 64 == 0 && col_block_exact(std::max(H, I), bc))) &&
-          pointer_alignment(gate_up.data) >= 16 && pointer_alignment(down.data) >= 16 &&
-          (convert_x || pointer_alignment(x.data) >= 16) && smem_down <= 48 * 1024 &&
-          moe_plan_ints(P, E) * 4 + 16 * 1024 <= 48 * 1024))
-        return {};
-    // 8-pair mma tiles per pass over an expert's weights: enough for the expected busiest expert (a
-    // token picks an expert once, so ≤ T; ~3× the mean otherwise). An expert with more pairs takes
-    // further passes. Beyond one tile, bf16 experts go through shared memory (moe_staged.cu) in
-    // passes of up to 64 pairs.
-    GroupedChoice choice;
-    choice.grouped = true;
-    choice.busiest = std::min(T, 3 * ceil_div(P, touched));
-    choice.staged = !any_fp8 && choice.busiest > 8 && moe_staged_enabled() && moe_staged_fits(int(P), int(E), H, I);
-    return choice;
-}
-
-// MOE_EXPERTS into `out` (op->dst[0], or MOE_EXPERTS_ADD_RMSNORM's residual, whose shape it has);
-// with `norm` (MOE_EXPERTS_ADD_RMSNORM, only on the grouped one-tile path) the experts' output goes
-// to scratch instead and the down kernel's last block adds it to norm->residual and normalises.
-static int moe_experts(Context* c, const xinfer_op* op, bool run, const xinfer_tensor& out, const NormArgs* norm) {
+int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
     const xinfer_tensor &x = op->src[0], &ids = op->src[1], &weights = op->src[2], &gate_up = op->src[3],
-                        &down = op->src[4], &gate_up_scale = op->src[5], &down_scale = op->src[6];
+                        &down = op->src[4], &gate_up_scale = op->src[5], &down_scale = op->src[6], &out = op->dst[0];
     const auto shapes = [&] {
         return str_format("x %s, ids %s, weights %s, gate_up %s, down %s, gate_up_scale %s, down_scale %s, out %s",
                           shape_str(x).c_str(), shape_str(ids).c_str(), shape_str(weights).c_str(),
@@ -1180,12 +1133,6 @@ static int moe_experts(Context* c, const xinfer_op* op, bool run, const xinfer_t
                            "[E, ceil(rows/%lld), ceil(cols/%lld)]",
                            shapes().c_str(), (long long)br, (long long)bc);
     const int64_t P = T * k;
-    if (norm) {
-        const GroupedChoice choice = choose_grouped(x, gate_up, down, T, k, E, H, I, br, bc);
-        if (!choice.grouped || choice.staged)
-            return unsupported(c, op, "%s: the norm after the experts is fused on the grouped one-tile path only",
-                               shapes().c_str());
-    }
     if (!run || T == 0) return XINFER_OK;
     if (P == 0 || E == 0 || I == 0) {
         XCUDA_TRY(c, cudaMemsetAsync(out.data, 0, size_t(T * H) * dtype_size(out.dtype), c->stream));
@@ -1215,72 +1162,84 @@ static int moe_experts(Context* c, const xinfer_op* op, bool run, const xinfer_t
     const auto* id_data = static_cast<const int32_t*>(ids.data);
     const bool convert_x = x.dtype != XINFER_DTYPE_BF16;
 
-    // Few tokens, bf16 or fp8 experts: grouped by expert (choose_grouped).
-    if (const GroupedChoice choice = choose_grouped(x, gate_up, down, T, k, E, H, I, br, bc); choice.grouped) {
+    // Few tokens (decode, verification, small serving batches), bf16 or fp8 experts: grouped by
+    // expert, each touched expert's weights read once. Chosen while pairs per touched expert stay
+    // few enough for the step to be a weight stream (see moe_grouped_pairs_per_expert).
+    {
         const bool gu_fp8 = gate_up.dtype == XINFER_DTYPE_F8_E4M3, dn_fp8 = down.dtype == XINFER_DTYPE_F8_E4M3;
-        const bool staged = choice.staged;
-        const int64_t busiest = choice.busiest;
-        ScratchPlan plan;
-        const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
-        const size_t off_h = plan.add(size_t(P * I) * 2);
-        const size_t off_dn = staged ? plan.add(size_t(P * H) * 4) : 0;
-        const size_t off_y = norm ? plan.add(size_t(T * H) * 2) : 0;  // the experts' output, bf16
-        if (int rc = ensure_scratch(c, plan.total)) return rc;
-        char* s = c->scratch;
-        GroupedArgs a{};
-        a.x = static_cast<const __nv_bfloat16*>(x.data);
-        if (convert_x) {
-            if (int rc = launch_convert(c, x.data, x.dtype, s + off_x, XINFER_DTYPE_BF16, T * H)) return rc;
-            a.x = reinterpret_cast<const __nv_bfloat16*>(s + off_x);
+        const bool any_fp8 = gu_fp8 || dn_fp8;
+        const bool dtypes_ok = (gate_up.dtype == XINFER_DTYPE_BF16 || gu_fp8) && (down.dtype == XINFER_DTYPE_BF16 || dn_fp8);
+        const int64_t align = any_fp8 ? 16 : 8;  // elements per 16-byte load of the narrowest operand
+        const int64_t touched = std::min(E, P);
+        const bool few = P <= kGemvMaxPairs || ceil_div(P, touched) <= moe_grouped_pairs_per_expert();
+        const size_t smem_down = size_t(moe_plan_ints(P, E)) * 4 + size_t(P) * 16 * 4;
+        if (moe_grouped_enabled() && moe_stream_enabled() && dtypes_ok && few && P <= kGroupedMaxPairs &&
+            H % align == 0 && I % align == 0 &&
+            (!any_fp8 || (br % 16 == 0 && bc % 64 == 0 && col_block_exact(std::max(H, I), bc))) &&
+            pointer_alignment(gate_up.data) >= 16 && pointer_alignment(down.data) >= 16 &&
+            (convert_x || pointer_alignment(x.data) >= 16) && smem_down <= 48 * 1024 &&
+            moe_plan_ints(P, E) * 4 + 16 * 1024 <= 48 * 1024) {
+            // 8-pair mma tiles per pass over an expert's weights: enough for the expected busiest
+            // expert (a token picks an expert once, so ≤ T; ~3× the mean otherwise). An expert
+            // with more pairs takes further passes. Beyond one tile, bf16 experts go through
+            // shared memory (moe_staged.cu) in passes of up to 64 pairs.
+            const int64_t busiest = std::min(T, 3 * ceil_div(P, touched));
+            const bool staged = !any_fp8 && busiest > 8 && moe_staged_enabled() && moe_staged_fits(P, E, H, I);
+            ScratchPlan plan;
+            const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
+            const size_t off_h = plan.add(size_t(P * I) * 2);
+            const size_t off_dn = staged ? plan.add(size_t(P * H) * 4) : 0;
+            if (int rc = ensure_scratch(c, plan.total)) return rc;
+            char* s = c->scratch;
+            GroupedArgs a{};
+            a.x = static_cast<const __nv_bfloat16*>(x.data);
+            if (convert_x) {
+                if (int rc = launch_convert(c, x.data, x.dtype, s + off_x, XINFER_DTYPE_BF16, T * H)) return rc;
+                a.x = reinterpret_cast<const __nv_bfloat16*>(s + off_x);
+            }
+            a.ids = id_data;
+            a.weights = static_cast<const float*>(weights.data);
+            a.T = int(T);
+            a.top_k = int(k);
+            a.E = int(E);
+            a.gate_up = gate_up.data;
+            a.down = down.data;
+            if (gu_fp8) {
+                a.gate_up_scale = static_cast<const float*>(gate_up_scale.data);
+                a.gu_scale_rows = gate_up_scale.shape[1];
+                a.gu_scale_cols = gate_up_scale.shape[2];
+            }
+            if (dn_fp8) {
+                a.down_scale = static_cast<const float*>(down_scale.data);
+                a.dn_scale_rows = down_scale.shape[1];
+                a.dn_scale_cols = down_scale.shape[2];
+            }
+            a.block_rows = int(br);
+            a.block_cols = int(bc);
+            a.I = I;
+            a.H = H;
+            a.h = reinterpret_cast<__nv_bfloat16*>(s + off_h);
+            a.out = out.data;
+            a.out_dtype = out.dtype;
+            if (staged)
+                return launch_moe_staged(c, {.x = a.x,
+                                             .ids = a.ids,
+                                             .weights = a.weights,
+                                             .T = a.T,
+                                             .top_k = a.top_k,
+                                             .E = a.E,
+                                             .gate_up = static_cast<const __nv_bfloat16*>(a.gate_up),
+                                             .down = static_cast<const __nv_bfloat16*>(a.down),
+                                             .I = I,
+                                             .H = H,
+                                             .h = a.h,
+                                             .dn = reinterpret_cast<float*>(s + off_dn),
+                                             .out = a.out,
+                                             .out_dtype = a.out_dtype});
+            if (busiest <= 8) return launch_grouped<1>(c, a, gu_fp8, dn_fp8);
+            if (busiest <= 16) return launch_grouped<2>(c, a, gu_fp8, dn_fp8);
+            return launch_grouped<4>(c, a, gu_fp8, dn_fp8);
         }
-        a.ids = id_data;
-        a.weights = static_cast<const float*>(weights.data);
-        a.T = int(T);
-        a.top_k = int(k);
-        a.E = int(E);
-        a.gate_up = gate_up.data;
-        a.down = down.data;
-        if (gu_fp8) {
-            a.gate_up_scale = static_cast<const float*>(gate_up_scale.data);
-            a.gu_scale_rows = gate_up_scale.shape[1];
-            a.gu_scale_cols = gate_up_scale.shape[2];
-        }
-        if (dn_fp8) {
-            a.down_scale = static_cast<const float*>(down_scale.data);
-            a.dn_scale_rows = down_scale.shape[1];
-            a.dn_scale_cols = down_scale.shape[2];
-        }
-        a.block_rows = int(br);
-        a.block_cols = int(bc);
-        a.I = I;
-        a.H = H;
-        a.h = reinterpret_cast<__nv_bfloat16*>(s + off_h);
-        a.out = out.data;
-        a.out_dtype = out.dtype;
-        if (norm) {  // never staged (checked above)
-            a.out = s + off_y;
-            a.out_dtype = XINFER_DTYPE_BF16;
-            a.norm = *norm;
-            a.norm.delta = a.out;
-        }
-        if (staged)
-            return launch_moe_staged(c, {.x = a.x,
-                                         .ids = a.ids,
-                                         .weights = a.weights,
-                                         .T = a.T,
-                                         .top_k = a.top_k,
-                                         .E = a.E,
-                                         .gate_up = static_cast<const __nv_bfloat16*>(a.gate_up),
-                                         .down = static_cast<const __nv_bfloat16*>(a.down),
-                                         .I = I,
-                                         .H = H,
-                                         .h = a.h,
-                                         .dn = reinterpret_cast<float*>(s + off_dn),
-                                         .out = a.out,
-                                         .out_dtype = a.out_dtype});
-        if (busiest <= 8) return launch_grouped<1>(c, a, gu_fp8, dn_fp8);
-        if (busiest <= 16) return launch_grouped<2>(c, a, gu_fp8, dn_fp8);
-        return launch_grouped<4>(c, a, gu_fp8, dn_fp8);
     }
 
     // Many pairs (prefill chunks), bf16 or fp8 experts: one cuBLASLt GEMM per expert.
@@ -1477,31 +1436,6 @@ static int moe_experts(Context* c, const xinfer_op* op, bool run, const xinfer_t
 
     return launch_combine(c, dn, nullptr, id_data, static_cast<const float*>(weights.data), int(k), int(E), T, H,
                           out.data, out.dtype);
-}
-
-int op_moe_experts(Context* c, const xinfer_op* op, bool run) { return moe_experts(c, op, run, op->dst[0], nullptr); }
-
-// MOE_EXPERTS_ADD_RMSNORM: MOE_EXPERTS' checks and paths, where it takes the grouped one-tile path
-// with bf16 activations; elsewhere refused, and xinfer runs the two ops (as it does with
-// XINFER_CUDA_FUSED_EXPERTS_NORM=0, A/B).
-int op_moe_experts_add_rmsnorm(Context* c, const xinfer_op* op, bool run) {
-    static const bool enabled = env_flag("XINFER_CUDA_FUSED_EXPERTS_NORM", true);
-    if (!enabled) return unsupported(c, op, "turned off by XINFER_CUDA_FUSED_EXPERTS_NORM=0");
-    const xinfer_tensor &x = op->src[0], &w = op->src[7], &residual = op->dst[0], &normed = op->dst[1];
-    if (residual.dtype != XINFER_DTYPE_BF16 || normed.dtype != XINFER_DTYPE_BF16 || !same_rows_cols(x, residual) ||
-        !same_rows_cols(normed, residual) || w.rank != 1 || w.shape[0] != cols_of(x) ||
-        (w.dtype != XINFER_DTYPE_F32 && w.dtype != XINFER_DTYPE_BF16) || cols_of(x) % 8 != 0 ||
-        pointer_alignment(residual.data) < 16 || pointer_alignment(normed.data) < 16)
-        return unsupported(c, op, "x %s, residual %s, normed %s, norm weight %s: expected bf16 residual and normed "
-                           "of x's shape, a norm weight [H] f32/bf16, H %% 8 == 0, 16-byte aligned rows",
-                           shape_str(x).c_str(), shape_str(residual).c_str(), shape_str(normed).c_str(),
-                           shape_str(w).c_str());
-    xinfer_op experts = *op;
-    experts.type = XINFER_OP_MOE_EXPERTS;
-    experts.params.matmul.block_rows = op->params.norm_matmul.block_rows;
-    experts.params.matmul.block_cols = op->params.norm_matmul.block_cols;
-    const NormArgs norm{residual.data, nullptr, w.data, w.dtype, op->params.norm_matmul.eps, normed.data, c->arrivals};
-    return moe_experts(c, &experts, run, residual, &norm);
 }
 
 }  // namespace xcuda

@@ -284,20 +284,17 @@ void Backend::moe_route(const Tensor& logits, const Tensor& bias, const RouterPa
     run(op);
 }
 
-namespace {
-
-// MOE_EXPERTS' sources (and those MOE_EXPERTS_ADD_RMSNORM shares with it); the scale blocks, which
-// one params struct carries for both weights, go to *block_rows / *block_cols.
-xinfer_op experts_op(xinfer_op_type type, int layer, const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
-                     const Tensor& gate_up, const Tensor& down, const BlockScales& gate_up_scale,
-                     const BlockScales& down_scale, int32_t* block_rows, int32_t* block_cols) {
-    xinfer_op op = make_op(type, layer);
+void Backend::moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights, const Tensor& gate_up,
+                          const Tensor& down, const Tensor& out, const BlockScales& gate_up_scale,
+                          const BlockScales& down_scale) {
+    xinfer_op op = make_op(XINFER_OP_MOE_EXPERTS, layer_);
     op.src[0] = to_abi(x);
     op.src[1] = to_abi(expert_ids);
     op.src[2] = to_abi(expert_weights);
     op.src[3] = to_abi(gate_up);
     op.src[4] = to_abi(down);
-    // One params struct serves both weights, so their blocks must agree.
+    op.dst[0] = to_abi(out);
+    // One params.matmul serves both weights, so their blocks must agree.
     const BlockScales& blocks = gate_up_scale.empty() ? down_scale : gate_up_scale;
     XINFER_CHECK(gate_up_scale.empty() || down_scale.empty() ||
                      (gate_up_scale.block_rows == down_scale.block_rows &&
@@ -306,38 +303,9 @@ xinfer_op experts_op(xinfer_op_type type, int layer, const Tensor& x, const Tens
                  gate_up_scale.block_cols, down_scale.block_rows, down_scale.block_cols);
     if (!gate_up_scale.empty()) op.src[5] = to_abi(gate_up_scale.scale);
     if (!down_scale.empty()) op.src[6] = to_abi(down_scale.scale);
-    *block_rows = blocks.block_rows;
-    *block_cols = blocks.block_cols;
-    return op;
-}
-
-}  // namespace
-
-void Backend::moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights, const Tensor& gate_up,
-                          const Tensor& down, const Tensor& out, const BlockScales& gate_up_scale,
-                          const BlockScales& down_scale) {
-    int32_t block_rows = 0, block_cols = 0;
-    xinfer_op op = experts_op(XINFER_OP_MOE_EXPERTS, layer_, x, expert_ids, expert_weights, gate_up, down, gate_up_scale,
-                              down_scale, &block_rows, &block_cols);
-    op.params.matmul = {block_rows, block_cols};
-    op.dst[0] = to_abi(out);
+    op.params.matmul.block_rows = blocks.block_rows;
+    op.params.matmul.block_cols = blocks.block_cols;
     run(op);
-}
-
-void Backend::moe_experts_add_rmsnorm(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
-                                      const Tensor& gate_up, const Tensor& down, const BlockScales& gate_up_scale,
-                                      const BlockScales& down_scale, const Tensor& residual, const Tensor& norm_weight,
-                                      float eps, const Tensor& normed, const Tensor& y) {
-    int32_t block_rows = 0, block_cols = 0;
-    xinfer_op op = experts_op(XINFER_OP_MOE_EXPERTS_ADD_RMSNORM, layer_, x, expert_ids, expert_weights, gate_up, down,
-                              gate_up_scale, down_scale, &block_rows, &block_cols);
-    op.src[7] = to_abi(norm_weight);
-    op.dst[0] = to_abi(residual);
-    op.dst[1] = to_abi(normed);
-    op.params.norm_matmul = {eps, block_rows, block_cols};
-    if (supports(op)) return run(op);
-    moe_experts(x, expert_ids, expert_weights, gate_up, down, y, gate_up_scale, down_scale);
-    add_rmsnorm(residual, y, norm_weight, eps, normed);
 }
 
 void Backend::argmax(const Tensor& logits, const Tensor& ids) {

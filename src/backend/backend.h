@@ -170,16 +170,6 @@ public:
                      const Tensor& down /*[E, H, I]*/, const Tensor& out /*[T, H]*/,
                      const BlockScales& gate_up_scale = {} /*[E, ceil(2I/br), ceil(H/bc)]*/,
                      const BlockScales& down_scale = {} /*[E, ceil(H/br), ceil(I/bc)]; same blocks as gate_up's*/);
-    // The experts and the norm after them: moe_experts(x, ..., y), then add_rmsnorm(residual, y,
-    // norm_weight, eps, normed). One op where the backend has it (on CUDA the norm runs in the
-    // expert kernel's last block: one launch boundary less per layer), else those two, with y as
-    // the experts' output. normed may be x.
-    void moe_experts_add_rmsnorm(const Tensor& x /*[T, H]*/, const Tensor& expert_ids /*[T, k] i32*/,
-                                 const Tensor& expert_weights /*[T, k] f32*/, const Tensor& gate_up /*[E, 2*I, H]*/,
-                                 const Tensor& down /*[E, H, I]*/, const BlockScales& gate_up_scale,
-                                 const BlockScales& down_scale, const Tensor& residual /*[T, H] in/out*/,
-                                 const Tensor& norm_weight /*[H]*/, float eps, const Tensor& normed /*[T, H]*/,
-                                 const Tensor& y /*[T, H]: the experts' output when run as two ops*/);
     // ids[r] = argmax of logits row r (lowest index on ties): drafters propose on the device and
     // download ids instead of [rows, vocab] logits.
     void argmax(const Tensor& logits /*[R, V] f32*/, const Tensor& ids /*[R] i32*/);

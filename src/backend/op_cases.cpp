@@ -326,7 +326,25 @@ void push_routing(CaseData& d, int64_t T, int64_t E, int64_t top_k, std::mt19937
     d.tensors.push_back(fixed_values("weights", src(2), DType::f32, {T, top_k}, weights));
 }
 
-// ---- experts: bf16 / f32, and FP8 block-scaled (plugins/cuda/moe.cu grouped path; the CPU dequantizes) --
+OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, DType w_dtype, uint32_t seed,
+                        double zipf = 0) {
+    return make_case(XINFER_OP_MOE_EXPERTS,
+                     fmt::format("moe_experts(T={}, H={}, I={}, E={}, top_k={}, w={}{})", T, H, I, E, top_k,
+                                 dtype_name(w_dtype), zipf > 0 ? fmt::format(", zipf {}", zipf) : ""),
+                     kMoeExperts, [=] {
+                         std::mt19937 rng(seed);
+                         CaseData d = start(XINFER_OP_MOE_EXPERTS);
+                         d.tensors.push_back(act_input("x", src(0), {T, H}, rng));
+                         push_routing(d, T, E, top_k, rng, zipf);
+                         const float a_gate = std::sqrt(3.f / float(H)) * 2.f, a_down = std::sqrt(3.f / float(I));
+                         d.tensors.push_back(fixed_input("gate_up", src(3), w_dtype, {E, 2 * I, H}, rng, -a_gate, a_gate));
+                         d.tensors.push_back(fixed_input("down", src(4), w_dtype, {E, H, I}, rng, -a_down, a_down));
+                         d.tensors.push_back(act_output("out", dst(0), {T, H}));
+                         return d;
+                     });
+}
+
+// ---- FP8 block-scaled experts (plugins/cuda/moe.cu grouped path; the CPU dequantizes) ----------------
 
 // A finite e4m3 code, every one equally likely (zeros and subnormals included; 0x7f/0xff are NaN).
 uint8_t random_e4m3(std::mt19937& rng) {
@@ -352,36 +370,6 @@ void push_fp8_expert(CaseData& d, const char* name, int weight_slot, int scale_s
                                     rng, 0.5f * a / 448.f, 1.5f * a / 448.f));
 }
 
-// x [T, H], the routing, and the expert weights of a MOE_EXPERTS-shaped op: uniform bf16 / f32, or
-// f8_e4m3 with br × bc block scales (push_fp8_expert).
-void push_experts(CaseData& d, int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, DType w_dtype, int64_t br,
-                  int64_t bc, double zipf, std::mt19937& rng) {
-    d.tensors.push_back(act_input("x", src(0), {T, H}, rng));
-    push_routing(d, T, E, top_k, rng, zipf);
-    const float a_gate = std::sqrt(3.f / float(H)) * 2.f, a_down = std::sqrt(3.f / float(I));
-    if (w_dtype == DType::f8_e4m3) {
-        push_fp8_expert(d, "gate_up", 3, 5, E, 2 * I, H, br, bc, a_gate, rng);
-        push_fp8_expert(d, "down", 4, 6, E, H, I, br, bc, a_down, rng);
-    } else {
-        d.tensors.push_back(fixed_input("gate_up", src(3), w_dtype, {E, 2 * I, H}, rng, -a_gate, a_gate));
-        d.tensors.push_back(fixed_input("down", src(4), w_dtype, {E, H, I}, rng, -a_down, a_down));
-    }
-}
-
-OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, DType w_dtype, uint32_t seed,
-                        double zipf = 0) {
-    return make_case(XINFER_OP_MOE_EXPERTS,
-                     fmt::format("moe_experts(T={}, H={}, I={}, E={}, top_k={}, w={}{})", T, H, I, E, top_k,
-                                 dtype_name(w_dtype), zipf > 0 ? fmt::format(", zipf {}", zipf) : ""),
-                     kMoeExperts, [=] {
-                         std::mt19937 rng(seed);
-                         CaseData d = start(XINFER_OP_MOE_EXPERTS);
-                         push_experts(d, T, H, I, E, top_k, w_dtype, 0, 0, zipf, rng);
-                         d.tensors.push_back(act_output("out", dst(0), {T, H}));
-                         return d;
-                     });
-}
-
 OpCase moe_experts_fp8_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, int64_t br, int64_t bc,
                             uint32_t seed) {
     return make_case(XINFER_OP_MOE_EXPERTS,
@@ -392,29 +380,12 @@ OpCase moe_experts_fp8_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t 
                          CaseData d = start(XINFER_OP_MOE_EXPERTS);
                          d.op.params.matmul.block_rows = int32_t(br);
                          d.op.params.matmul.block_cols = int32_t(bc);
-                         push_experts(d, T, H, I, E, top_k, DType::f8_e4m3, br, bc, 0, rng);
+                         d.tensors.push_back(act_input("x", src(0), {T, H}, rng));
+                         push_routing(d, T, E, top_k, rng);
+                         const float a_gate = std::sqrt(3.f / float(H)) * 2.f, a_down = std::sqrt(3.f / float(I));
+                         push_fp8_expert(d, "gate_up", 3, 5, E, 2 * I, H, br, bc, a_gate, rng);
+                         push_fp8_expert(d, "down", 4, 6, E, H, I, br, bc, a_down, rng);
                          d.tensors.push_back(act_output("out", dst(0), {T, H}));
-                         return d;
-                     });
-}
-
-// The experts and the norm after them (MOE_EXPERTS_ADD_RMSNORM) against the CPU's two ops: the
-// residual (the experts' output added in place) and normed. bf16 experts, or f8_e4m3 with 128 × 128
-// blocks; f32 norm weights, as the models keep them.
-OpCase moe_experts_add_rmsnorm_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t top_k, DType w_dtype,
-                                    uint32_t seed) {
-    const bool fp8 = w_dtype == DType::f8_e4m3;
-    return make_case(XINFER_OP_MOE_EXPERTS_ADD_RMSNORM,
-                     fmt::format("moe_experts_add_rmsnorm(T={}, H={}, I={}, E={}, top_k={}, w={}{})", T, H, I, E, top_k,
-                                 dtype_name(w_dtype), fp8 ? ", blocks=128x128" : ""),
-                     kMoeExperts, [=] {
-                         std::mt19937 rng(seed);
-                         CaseData d = start(XINFER_OP_MOE_EXPERTS_ADD_RMSNORM);
-                         d.op.params.norm_matmul = {1e-6f, fp8 ? 128 : 0, fp8 ? 128 : 0};
-                         push_experts(d, T, H, I, E, top_k, w_dtype, 128, 128, 0, rng);
-                         d.tensors.push_back(fixed_input("norm_weight", src(7), DType::f32, {H}, rng, 0.5f, 1.5f));
-                         d.tensors.push_back(act_inout("residual", dst(0), {T, H}, rng, -3.f, 3.f));
-                         d.tensors.push_back(act_output("normed", dst(1), {T, H}));
                          return d;
                      });
 }
@@ -918,14 +889,6 @@ std::vector<OpCase> correctness_cases() {
     // widened to bf16 first).
     cases.push_back(moe_experts_case(300, 264, 136, 8, 8, bf16, ++seed));
     cases.push_back(moe_experts_fp8_case(260, 272, 208, 8, 8, 128, 128, ++seed));
-    // The experts and the next norm as one op (cuda: the norm in the down kernel's last block at
-    // one token, bf16 on the per-slot kernel, FP8 on the grouped one; the two ops otherwise).
-    for (int T : {1, 3}) {
-        cases.push_back(moe_experts_add_rmsnorm_case(T, 512, 256, 8, 8, bf16, ++seed));
-        cases.push_back(moe_experts_add_rmsnorm_case(T, 272, 208, 8, 8, DType::f8_e4m3, ++seed));
-    }
-    cases.push_back(moe_experts_add_rmsnorm_case(1, 4104, 136, 4, 2, bf16, ++seed));  // rows past 4096
-    cases.push_back(moe_experts_add_rmsnorm_case(64, 256, 192, 8, 8, bf16, ++seed));  // staged: two ops
     // The norm before a projection: MiMo's hidden size and an odd K (tails of every tile), one
     // token and three (verification), with x (every layer's norms but the first) and without
     // (layer 0's attention norm); bf16 projections and f32 routers of 8 experts.
@@ -1029,9 +992,6 @@ std::vector<OpCase> perf_cases() {
     for (int T : {1, 2, 4, 8}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 8, 8, 128, 128, ++seed));
     for (int T : {8, 16, 32, 64}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 32, 8, 128, 128, ++seed));
     cases.push_back(moe_experts_fp8_case(1, hidden, 2048, 256, 8, 128, 128, ++seed));
-    // ... with the next layer's norm in the same op (batch-1 decode).
-    cases.push_back(moe_experts_add_rmsnorm_case(1, hidden, 2048, 8, 8, bf16, ++seed));
-    cases.push_back(moe_experts_add_rmsnorm_case(1, hidden, 2048, 8, 8, DType::f8_e4m3, ++seed));
     // A 4,096-token prefill chunk of the bench models' experts (plugins/cuda/moe.cu: one cuBLASLt
     // GEMM per expert from 2,048 pairs on), bf16 and FP8.
     cases.push_back(moe_experts_case(4096, hidden, 2048, 8, 8, bf16, ++seed));
@@ -1343,8 +1303,7 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
             }
             break;
         }
-        case XINFER_OP_MOE_EXPERTS:
-        case XINFER_OP_MOE_EXPERTS_ADD_RMSNORM: {
+        case XINFER_OP_MOE_EXPERTS: {
             const xinfer_tensor &x = op.src[0], &ids = op.src[1], &gate_up = op.src[3], &down = op.src[4];
             const CaseTensor* id_values = find_slot(data, Slot::src, 1);
             std::vector<char> touched(size_t(gate_up.shape[0]), 0);
@@ -1357,8 +1316,6 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
                              double(gate_up.shape[0]);  // fp8: with the touched experts' block scales
             const double H = double(x.shape[1]), I = double(gate_up.shape[1]) / 2;
             cost.flops = 2.0 * double(ids.shape[0] * ids.shape[1]) * (2 * I * H + H * I);
-            // The fused norm: the residual read as well as written, normed written, its weight read.
-            if (op.type == XINFER_OP_MOE_EXPERTS_ADD_RMSNORM) cost.bytes += bytes(op.dst[0]) + bytes(op.dst[1]) + bytes(op.src[7]);
             break;
         }
         default:

@@ -55,7 +55,6 @@ const char* op_type_name(int type) {
         case XINFER_OP_CONVERT: return "convert";
         case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
         case XINFER_OP_ADD_RMSNORM_MATMUL: return "add_rmsnorm_matmul";
-        case XINFER_OP_MOE_EXPERTS_ADD_RMSNORM: return "moe_experts_add_rmsnorm";
         default: return "unknown";
     }
 }
@@ -88,9 +87,6 @@ Roles roles_of(int type) {
         case XINFER_OP_CONVERT: return {{"src"}, {"dst"}};
         case XINFER_OP_ROPE_KV_STORE: return {{"k", "v", "k_cache", "v_cache", "q", "positions"}, {}};
         case XINFER_OP_ADD_RMSNORM_MATMUL: return {{"residual", "x", "norm_weight", "w", "w_scale"}, {"y", "normed"}};
-        case XINFER_OP_MOE_EXPERTS_ADD_RMSNORM:
-            return {{"x", "ids", "weights", "gate_up", "down", "gate_up_scale", "down_scale", "norm_weight"},
-                    {"residual", "normed"}};
         default: return {};
     }
 }

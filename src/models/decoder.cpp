@@ -478,9 +478,6 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
     backend_.embedding(embed_tokens_, batch.token_ids, residual);
     tap("embedding", -1, residual);
 
-    // Set when the previous layer's experts op also added its output to the residual and ran this
-    // layer's input norm (MOE_EXPERTS_ADD_RMSNORM): `normed` is then this layer's input already.
-    bool normed_ready = false;
     for (size_t il = 0; il < config_.layers.size(); ++il) {
         const LayerSpec& spec = config_.layers[il];
         const LayerWeights& w = layers_[il];
@@ -496,14 +493,8 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         Tensor qkv;  // [1, q + k + v] when one_qkv_row
         if (one_qkv_row) {
             qkv = scratch.make(act, {1, w.qkv_proj.dim(0)});
-            if (normed_ready) {
-                backend_.matmul(normed, w.qkv_proj, qkv, w.qkv_proj_scale);
-            } else {
-                backend_.add_rmsnorm_matmul(residual, il == 0 ? Tensor() : block_out, w.input_norm, eps, normed,
-                                            w.qkv_proj, qkv, w.qkv_proj_scale);
-            }
-        } else if (normed_ready) {
-            // the norm ran with the previous layer's experts
+            backend_.add_rmsnorm_matmul(residual, il == 0 ? Tensor() : block_out, w.input_norm, eps, normed,
+                                        w.qkv_proj, qkv, w.qkv_proj_scale);
         } else if (il == 0) {
             backend_.rmsnorm(residual, w.input_norm, eps, normed);
         } else {
@@ -563,7 +554,6 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         backend_.add_rmsnorm_matmul(residual, block_out, w.post_attn_norm, eps, normed, dense ? w.gate_up : w.router,
                                     projected, dense ? w.gate_up_scale : BlockScales{});
         tap("ffn_input", layer, normed);
-        normed_ready = false;
         if (dense) {
             const Tensor& gate_up = projected;
             Tensor activated = scratch.make(act, {n_tokens, inter});
@@ -578,27 +568,15 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
             backend_.moe_route(router_logits, w.router_bias, config_.router, expert_ids, expert_weights);
             tap("expert_ids", layer, expert_ids);
             tap("expert_weights", layer, expert_weights);
-            if (batch.every_intermediate) {
-                backend_.moe_experts(normed, expert_ids, expert_weights, w.experts_gate_up, w.experts_down, block_out,
-                                     w.experts_gate_up_scale, w.experts_down_scale);
-            } else {
-                // The experts' output goes into the residual with the next norm (the next layer's
-                // input norm, or the final one) in the same op; normed is the experts' input and
-                // then that norm's output.
-                const bool last = il + 1 == config_.layers.size();
-                backend_.moe_experts_add_rmsnorm(normed, expert_ids, expert_weights, w.experts_gate_up, w.experts_down,
-                                                 w.experts_gate_up_scale, w.experts_down_scale, residual,
-                                                 last ? final_norm_ : layers_[il + 1].input_norm, eps, normed,
-                                                 block_out);
-                normed_ready = true;
-            }
+            backend_.moe_experts(normed, expert_ids, expert_weights, w.experts_gate_up, w.experts_down, block_out,
+                                 w.experts_gate_up_scale, w.experts_down_scale);
         }
-        if (!normed_ready) tap("ffn_output", layer, block_out);  // the fused op does not keep it
+        tap("ffn_output", layer, block_out);
     }
 
     // Final norm (after the last block's residual add), then logits for the requested rows.
     // The final add is still tagged with the last layer: it completes that layer's residual.
-    if (!normed_ready) backend_.add_rmsnorm(residual, block_out, final_norm_, eps, normed);
+    backend_.add_rmsnorm(residual, block_out, final_norm_, eps, normed);
     tap("residual", int(config_.layers.size()) - 1, residual);
     backend_.set_layer(-1);
     tap("final_norm", -1, normed);

@@ -97,10 +97,6 @@ struct ForwardBatch {
     std::vector<LayerCache> caches;      // [n_layers]
     Tensor logit_rows;                   // [n_out] i32: which token rows produce logits
     TapFn tap;
-    // Diagnostics (xray): every named intermediate computed by an op of its own, so that each
-    // reaches the tap. Otherwise an FFN's output may go straight into the next norm (one fused
-    // op), and "ffn_output" is not tapped.
-    bool every_intermediate = false;
 };
 
 class Model {

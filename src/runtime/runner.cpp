@@ -221,7 +221,6 @@ Tensor Runner::forward_on_device(std::span<const SequenceChunk> chunks, const Ta
     batch.layer_group = layer_group_;
     batch.caches = caches_;
     batch.tap = feature_layers_.empty() ? tap : exporting_tap(n_tokens, tap);
-    batch.every_intermediate = bool(tap);  // a caller's tap is a diagnostic; the feature export needs only residuals
 
     const int64_t vocab = model_.config().vocab_size;
     Tensor logits = workspace_.make(DType::f32, {n_out, vocab});

@@ -213,52 +213,5 @@ TEST(MoeExperts, RejectsOutOfRangeExpertIds) {
                  {"moe_experts", "expert id 3", "token 1"});
 }
 
-// moe_experts then add_rmsnorm one by one; the fused op (MOE_EXPERTS_ADD_RMSNORM); and the fallback
-// of a backend without it (unfused_cpu_api): bit-identical residual and normed (f32 activations,
-// as the CPU runs them), with normed a separate tensor and normed the experts' input itself (as
-// the decoder calls it), at one token and at five.
-TEST(MoeExpertsAddRmsNorm, FusedOpAndFallbackEqualTheTwoOps) {
-    Backend unfused(unfused_cpu_api(), 0, "cpu-unfused");
-    Backend& cpu = cpu_backend();
-    const float eps = 1e-6f;
-    const int64_t H = 40, I = 24, E = 6, k = 2;
-    uint32_t seed = 500;
-    for (const int64_t T : {1, 5}) {
-        const auto x_values = random_vector(size_t(T * H), seed++);
-        const auto residual_old = random_vector(size_t(T * H), seed++, -3.f, 3.f);
-        DeviceTensor gate_up = device_from(random_vector(size_t(E * 2 * I * H), seed++, -0.3f, 0.3f), DType::bf16,
-                                           {E, 2 * I, H});
-        DeviceTensor down = device_from(random_vector(size_t(E * H * I), seed++, -0.3f, 0.3f), DType::bf16, {E, H, I});
-        DeviceTensor norm_weight = device_from(random_vector(size_t(H), seed++, 0.5f, 1.5f), DType::f32, {H});
-        std::vector<int32_t> ids;
-        for (int64_t t = 0; t < T; ++t) ids.insert(ids.end(), {int32_t(t % E), int32_t((t + 3) % E)});
-        DeviceTensor dids = device_from_i32(ids, {T, k});
-        DeviceTensor weights = device_from(random_vector(size_t(T * k), seed++, 0.f, 1.f), DType::f32, {T, k});
-        struct Run {
-            DeviceTensor x, residual, normed, y;  // [T, H] each: input, in/out, output, the experts' output
-        };
-        auto prepare = [&] {
-            return Run{device_from(x_values, DType::f32, {T, H}), device_from(residual_old, DType::f32, {T, H}),
-                       device_poisoned({T, H}), device_poisoned({T, H})};
-        };
-        Run want = prepare();
-        cpu.moe_experts(want.x, dids, weights, gate_up, down, want.y);
-        cpu.add_rmsnorm(want.residual, want.y, norm_weight, eps, want.normed);
-        for (const bool in_place : {false, true}) {
-            for (Backend* backend : {&cpu, &unfused}) {
-                Run got = prepare();
-                const Tensor& normed = in_place ? got.x.tensor : got.normed.tensor;
-                backend->moe_experts_add_rmsnorm(got.x, dids, weights, gate_up, down, {}, {}, got.residual,
-                                                 norm_weight, eps, normed, got.y);
-                SCOPED_TRACE(testing::Message() << "T=" << T << (in_place ? " normed = x" : " normed apart") << " "
-                                                << (backend == &cpu ? "fused" : "fallback"));
-                EXPECT_EQ(to_host(got.residual), to_host(want.residual));
-                EXPECT_EQ(in_place ? to_host(got.x) : to_host(got.normed), to_host(want.normed));
-            }
-        }
-        EXPECT_NE(to_host(want.residual), residual_old);  // the experts' output was added
-    }
-}
-
 }  // namespace
 }  // namespace xinfer::test

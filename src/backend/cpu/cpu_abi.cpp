@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <vector>
 
 namespace xinfer::cpu {
 namespace {
@@ -107,15 +106,6 @@ void dispatch(const xinfer_op& op) {
             return moe_experts(src(0), src(1), src(2), src(3), src(4), dst(0), src(5), src(6),
                                op.params.matmul.block_rows > 0 ? op.params.matmul.block_rows : 128,
                                op.params.matmul.block_cols > 0 ? op.params.matmul.block_cols : 128);
-        case XINFER_OP_MOE_EXPERTS_ADD_RMSNORM: {  // the two ops it stands for (backend_abi.h): y, then the norm
-            const Tensor residual = dst(0);
-            std::vector<std::byte> y_bytes(residual.nbytes());
-            const Tensor y(y_bytes.data(), residual.dtype, {residual.dim(0), residual.dim(1)});
-            const auto& p = op.params.norm_matmul;
-            moe_experts(src(0), src(1), src(2), src(3), src(4), y, src(5), src(6), p.block_rows > 0 ? p.block_rows : 128,
-                        p.block_cols > 0 ? p.block_cols : 128);
-            return add_rmsnorm(residual, y, src(7), p.eps, dst(1));
-        }
         case XINFER_OP_ARGMAX: return argmax(src(0), dst(0));
         case XINFER_OP_SAMPLE: return sample(src(0), src(1), src(2), src(3), src(4), dst(0));
         default: fail("cpu: unknown op type {}", op.type);
