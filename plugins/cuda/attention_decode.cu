@@ -41,7 +41,6 @@
 #include "device_utils.cuh"
 
 #include <algorithm>
-#include <vector>
 #include <cstdlib>
 #include <cstring>
 
@@ -477,21 +476,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attention_decode_kernel(Decode
 // costs about one round trip to L2. (A thread per column walking the splits in turn paid a round
 // trip per split and per pass: at 32K keys, 64 splits, 75 µs of attention became 41 µs without it.)
 constexpr int kCombineWarps = 8;
-__device__ unsigned long long g_ctrace[1024 * 3];  // EXPERIMENT
-__device__ unsigned g_cblocks;
-__device__ __forceinline__ unsigned long long ctime_() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 template <int kPerWarp>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     attention_decode_combine_kernel(const float* part_o /*[n_split, rows, dv]*/, const float* part_ml /*[n_split, rows, 2]*/,
                                     const float* sinks /*[nq] or null*/, int n_split, int64_t n_rows, int nq, int dv,
                                     void* out /*[rows, dv]*/, int out_dtype) {
-    const unsigned long long t_entry = ctime_();
     pdl_begin();
-    const unsigned long long t_wait = ctime_();
     __shared__ float weight[kMaxDecodeSplits];         // exp2(m_z - M) / denominator
     __shared__ float partial[kCombineWarps][kMaxDv];   // each warp's weighted sum over its splits
     const int64_t R = blockIdx.x;
@@ -548,12 +538,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
         float sum = 0.f;
         for (int w = 0; w < warps; ++w) sum += partial[w][d];
         store_f(out, out_dtype, R * dv + d, sum);
-    }
-    if (threadIdx.x == 0 && blockIdx.x < 1024) {
-        g_ctrace[blockIdx.x * 3] = t_entry;
-        g_ctrace[blockIdx.x * 3 + 1] = t_wait;
-        g_ctrace[blockIdx.x * 3 + 2] = ctime_();
-        if (blockIdx.x == 0) g_cblocks = gridDim.x;
     }
 }
 
@@ -644,22 +628,6 @@ int launch_combine(Context* c, const DecodeArgs& a) {
 }
 
 }  // namespace
-
-void combine_trace_print(unsigned long long t0) {  // EXPERIMENT
-    unsigned n = 0;
-    cudaMemcpyFromSymbol(&n, g_cblocks, 4);
-    n = std::min(n, 1024u);
-    std::vector<unsigned long long> t(size_t(n) * 3);
-    cudaMemcpyFromSymbol(t.data(), g_ctrace, t.size() * 8);
-    const char* names[3] = {"entry", "after wait", "end"};
-    for (int k = 0; k < 3 && n > 0; ++k) {
-        std::vector<double> v;
-        for (unsigned b = 0; b < n; ++b) v.push_back((double(t[size_t(b) * 3 + k]) - double(t0)) / 1e3);
-        std::sort(v.begin(), v.end());
-        std::fprintf(stderr, "TRACE combine %u blocks %-10s min %.2f p10 %.2f p50 %.2f p90 %.2f max %.2f us\n", n, names[k],
-                     v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
-    }
-}
 
 int decode_partials(Context* c, DecodeArgs& a) {
     if (a.n_split <= 1) return XINFER_OK;

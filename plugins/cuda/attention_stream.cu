@@ -35,10 +35,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
 
 namespace xcuda {
-void combine_trace_print(unsigned long long t0);  // EXPERIMENT (attention_decode.cu)
 namespace {
 
 constexpr int kKeys = 16;      // keys per warp tile: one page
@@ -115,16 +113,6 @@ __device__ __forceinline__ int swizzled(int r, int col) {
     return (col / kBoxCols) * kBoxBytes + r * 128 + ((((col % kBoxCols) / 8) ^ (r % 8)) << 4);
 }
 
-// EXPERIMENT (XINFER_CUDA_ATTN_TRACE=N): per block, globaltimer at entry, after the PDL wait, at
-// warp 0's first page, at the end.
-__device__ int g_trace_on;
-__device__ unsigned long long g_trace[2048 * 4];
-__device__ __forceinline__ unsigned long long gtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 template <int kDk, int kDv, int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(DecodeArgs a, const __grid_constant__ PageMaps maps) {
     static_assert(kDk % kBoxCols == 0 && kDv == 128, "whole TMA boxes; the epilogue gives a lane 4 of 128 columns");
@@ -132,8 +120,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
     constexpr int kThreads = kWarps * 32, kDkSteps = kDk / 16;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
-    const unsigned long long t_entry = gtime();
-    unsigned long long t_wait = 0, t_first = 0;
     if (!a.early_kv) pdl_wait();
     auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
     auto* bars = reinterpret_cast<uint64_t*>(smem + L.bars);
@@ -164,15 +150,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
     int union_lo, union_hi;
     key_union(tok_lo, tok_hi, b.ntok, union_lo, union_hi);
     int key_lo = union_lo, key_hi = union_hi, n_tiles = 0, first_page = 0;
-    // EXPERIMENT (a.interleave): warp slot q = split·kWarps + warp takes pages page_lo + q + i·Q.
-    int il_lo = 0, il_q = 0, il_Q = 1, il_n = 0;
-    if (a.interleave && union_lo <= union_hi) {
-        il_lo = union_lo / kKeys;
-        const int pages = union_hi / kKeys - il_lo + 1;
-        il_q = split * kWarps + warp;
-        il_Q = a.n_split * kWarps;
-        il_n = pages > il_q ? (pages - il_q + il_Q - 1) / il_Q : 0;
-    } else if (union_lo <= union_hi) {
+    if (union_lo <= union_hi) {
         const int page_lo = union_lo / kKeys, pages = union_hi / kKeys - page_lo + 1;
         const int per_split = (pages + a.n_split - 1) / a.n_split;
         first_page = page_lo + split * per_split;
@@ -180,10 +158,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
         key_lo = max(union_lo, first_page * kKeys);
         key_hi = min(union_hi, (first_page + n_tiles) * kKeys - 1);
     }
-    const int n_mine = a.interleave ? il_n : n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
+    const int n_mine = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
     const int fresh_page = a.early_kv ? (b.kv_len - b.q_len) / kKeys : INT_MIN;  // pages from here on hold this forward's keys
     const int32_t* page_row = a.page_table + int64_t(b.seq) * a.max_pages;
-    const auto tile_page = [&](int i) { return a.interleave ? il_lo + il_q + i * il_Q : first_page + warp + i * kWarps; };
+    const auto tile_page = [&](int i) { return first_page + warp + i * kWarps; };
     const auto stage_of = [&](int i) { return smem + warp * L.warp_bytes + (i % kStages) * L.stage; };
 
     // Tile i: lane 0 copies its page (or, on a released page, the warp fills K with NaN and V
@@ -218,7 +196,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
         if (i < n_mine && tile_page(i) < fresh_page) issue_tile(i, first_pages[i]);
     }
     pdl_wait();
-    t_wait = gtime();
     pdl_launch_dependents();
 #pragma unroll
     for (int i = 0; i < kStages; ++i)
@@ -262,7 +239,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
         const bool refill = i + kStages < n_mine;
         const int refill_page = refill ? page_row[tile_page(i + kStages)] : 0;
         mbar_wait(my_bars + i % kStages, unsigned(i / kStages) & 1u);
-        if (i == 0) t_first = gtime();
         unsigned char* stage = stage_of(i);
         const int j0 = tile_page(i) * kKeys;
         // Edge tiles: zero the V rows of keys no token of the block sees (whatever their slots hold).
@@ -376,16 +352,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
             a.part_ml[P * 2 + 1] = f[kScale + 1];
         }
     }
-    if (g_trace_on) {
-        __syncthreads();
-        const unsigned bid = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-        if (tid == 0 && bid < 2048) {
-            g_trace[bid * 4] = t_entry;
-            g_trace[bid * 4 + 1] = t_wait;
-            g_trace[bid * 4 + 2] = t_first;
-            g_trace[bid * 4 + 3] = gtime();
-        }
-    }
 }
 
 // ---- host ---------------------------------------------------------------------------------------------
@@ -451,38 +417,6 @@ int stream_splits(int64_t est_blocks, int64_t slots, int64_t key_span, int warps
     return best;
 }
 
-// EXPERIMENT: at the N-th launch, the previous launch's block times (and its combine's), then on.
-void trace_launch(Context* c, int blocks) {
-    static const int64_t at = env_int("XINFER_CUDA_ATTN_TRACE", 0);
-    static int64_t count = 0;
-    static int last_blocks = 0;
-    ++count;
-    if (at > 0 && count == at - 1) {
-        const int on = 1;
-        cudaMemcpyToSymbolAsync(g_trace_on, &on, sizeof(on), 0, cudaMemcpyHostToDevice, c->stream);
-    }
-    if (at > 0 && count == at) {
-        cudaStreamSynchronize(c->stream);
-        std::vector<unsigned long long> t(size_t(last_blocks) * 4);
-        cudaMemcpyFromSymbol(t.data(), g_trace, t.size() * 8);
-        unsigned long long t0 = ~0ull;
-        for (int b = 0; b < last_blocks; ++b)
-            if (t[size_t(b) * 4]) t0 = std::min(t0, t[size_t(b) * 4]);
-        const char* names[4] = {"entry", "after wait", "first page", "end"};
-        for (int k = 0; k < 4; ++k) {
-            std::vector<double> v;
-            for (int b = 0; b < last_blocks; ++b)
-                if (t[size_t(b) * 4 + 3]) v.push_back((double(t[size_t(b) * 4 + k]) - double(t0)) / 1e3);
-            if (v.empty()) continue;
-            std::sort(v.begin(), v.end());
-            std::fprintf(stderr, "TRACE attention %d blocks %-10s min %.2f p10 %.2f p50 %.2f p90 %.2f max %.2f us\n",
-                         last_blocks, names[k], v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
-        }
-        combine_trace_print(t0);
-    }
-    last_blocks = std::min(blocks, 2048);
-}
-
 struct StreamLaunch {
     int64_t key_span, est_blocks, row_tiles;
     const PageMaps* maps;
@@ -503,10 +437,7 @@ int launch_stream(Context* c, DecodeArgs& a, const StreamLaunch& s) {
     static const int64_t forced = env_int("XINFER_CUDA_ATTN_STREAM_SPLITS", 0);
     if (forced > 0 && s.key_span > kOneSplitKeys) a.n_split = int(std::min<int64_t>(forced, kMaxDecodeSplits));
     if (int rc = decode_partials(c, a)) return rc;
-    static const bool interleave = env_flag("XINFER_CUDA_ATTN_INTERLEAVE", false);  // EXPERIMENT
-    a.interleave = interleave;
     const dim3 grid{unsigned(s.row_tiles), unsigned(a.nkv), unsigned(a.n_split)};
-    trace_launch(c, int(grid.x * grid.y * grid.z));
     return launch_pdl(c, "attention_stream_kernel", kernel, grid, dim3(kWarps * 32), size_t(L.total), a, *s.maps);
 }
 

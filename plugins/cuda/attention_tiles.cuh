@@ -22,7 +22,6 @@ struct DecodeArgs : AttnArgs {
     int tile_rows;     // query rows per split-KV block: 16 or 64
     bool q_vec;        // bf16 q rows that may be loaded 16 bytes at a time
     bool early_kv;     // load the keys before the batch's own tokens before pdl_wait
-    bool interleave;   // EXPERIMENT: attention_stream's pages interleaved over the splits' warps
 };
 
 // Launches attention_prefill_kernel for `a` (n_split = 1, bf16 q / caches / out with 16-byte

@@ -35,7 +35,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <vector>
 
 namespace xcuda {
 namespace {
@@ -375,22 +374,6 @@ __host__ __device__ inline int64_t moe_ring_offset_ints(int64_t P, int64_t E) { 
 // ids and lets the down kernel launch at once; down builds its plan from the ids (complete: the
 // router finished before gate_up passed its wait) and waits for gate_up's grid before reading h.
 
-// EXPERIMENT (XINFER_CUDA_MOE_TRACE=N): per block, globaltimer at entry, after the PDL wait, at the end.
-__device__ unsigned long long g_gu_trace[1024 * 3], g_dn_trace[1024 * 3];
-__device__ __forceinline__ unsigned long long mtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ void mtrace(unsigned long long* t, unsigned long long a, unsigned long long b) {
-    const unsigned bid = blockIdx.x + gridDim.x * blockIdx.y;
-    if (threadIdx.x == 0 && bid < 1024) {
-        t[bid * 3] = a;
-        t[bid * 3 + 1] = b;
-        t[bid * 3 + 2] = mtime();
-    }
-}
-
 template <bool kFp8, int kNT, int kU, bool kPipe, int kRing, bool kF16 = false>
 __global__ void __launch_bounds__(kGateWarps * 32, 2)
     moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
@@ -401,9 +384,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     // The second half of the warps' partial sums (the half of H they streamed), per 16-row tile.
     __shared__ float partner[kGateTiles][kNT][8][32];
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
-    const unsigned long long t_entry = mtime();
     pdl_begin();
-    const unsigned long long t_wait = mtime();
     const int T = P / top_k, j = blockIdx.y;
     int e, n_e;
     const int* pairs;
@@ -560,7 +541,6 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
         }
         __syncthreads();  // `partner` is reused by the next pass
     }
-    mtrace(g_gu_trace, t_entry, t_wait);
 }
 
 template <bool kFp8, int kNT, int kU, bool kPipe, int kRing>
@@ -575,7 +555,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
     float* part = reinterpret_cast<float*>(plan_smem + moe_plan_ints(P, E));  // [k_parts, P, 16]
     uint4* ring_base = reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E) + k_parts * P * 16);
-    const unsigned long long t_entry = mtime();
     const int nd = moe_block_plan(ids, P, E, cnt, end, list, slot_expert);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const int64_t n0 = int64_t(blockIdx.x) * 16;
@@ -617,7 +596,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
     if constexpr (kRing > 0)
         if (early) ring_issue_first<kRing>(loads, ring, lane);
     pdl_begin();  // h comes from the gate_up kernel
-    const unsigned long long t_wait = mtime();
     // h_in_smem: the block copies h [P, I] into shared memory once (after the ring), so the
     // activation fragments are shared-memory reads instead of an L2 round trip per chunk. (Staged
     // as f16 for the f16 mma, as gate_up stages x, it was slower: H200, 8 experts, T = 1, 68.6
@@ -727,7 +705,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
         }
         store_f(out, out_dtype, int64_t(t) * H + n, bad ? __int_as_float(0x7fc00000) : acc);
     }
-    mtrace(g_dn_trace, t_entry, t_wait);
 }
 
 // XINFER_CUDA_MOE_GROUPED=0: the per-pair stream kernels above (bf16) / the GEMV (fp8) instead.
@@ -870,32 +847,6 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
 // (e32 bench model), one run each: 1 range 69.3%, 2 ranges 70.3%, 4 ranges 69.5% of the roofline.
 int grouped_down_parts(int P, int E) { return std::min(P, E) <= kDownWarps || P > 128 ? 1 : 2; }
 
-// EXPERIMENT: at the N-th grouped down launch, the previous launch's gate_up and down block times.
-void moe_trace(Context* c) {
-    static const int64_t at = env_int("XINFER_CUDA_MOE_TRACE", 0);
-    static int64_t count = 0;
-    if (at <= 0 || ++count != at) return;
-    cudaStreamSynchronize(c->stream);
-    std::vector<unsigned long long> gu(256 * 3), dn(256 * 3);
-    cudaMemcpyFromSymbol(gu.data(), g_gu_trace, gu.size() * 8);
-    cudaMemcpyFromSymbol(dn.data(), g_dn_trace, dn.size() * 8);
-    unsigned long long t0 = ~0ull;
-    for (int b = 0; b < 256; ++b)
-        if (gu[b * 3]) t0 = std::min(t0, gu[b * 3]);
-    const char* names[3] = {"entry", "after wait", "end"};
-    for (auto* t : {&gu, &dn})
-        for (int k = 0; k < 3; ++k) {
-            std::vector<double> v;
-            for (int b = 0; b < 256; ++b)
-                if ((*t)[b * 3 + 2]) v.push_back((double((*t)[b * 3 + k]) - double(t0)) / 1e3);
-            if (v.empty()) continue;
-            std::sort(v.begin(), v.end());
-            std::fprintf(stderr, "TRACE %s %zu blocks %-10s min %.2f p10 %.2f p50 %.2f p90 %.2f max %.2f us\n",
-                         t == &gu ? "gate_up" : "down", v.size(), names[k], v.front(), v[v.size() / 10],
-                         v[v.size() / 2], v[v.size() * 9 / 10], v.back());
-        }
-}
-
 template <bool kFp8, int kNT>
 int launch_grouped_down(Context* c, const GroupedArgs& a) {
     constexpr int kU = kNT == 1 ? 8 : kNT == 2 ? 4 : 2;
@@ -948,7 +899,6 @@ int launch_down_slots(Context* c, const GroupedArgs& a) {
 
 template <int kNT>
 int launch_grouped(Context* c, const GroupedArgs& a, bool gate_up_fp8, bool down_fp8) {
-    moe_trace(c);
     const int rc = a.T == 1 && !gate_up_fp8 ? launch_stream_gate_up(c, a)
                    : gate_up_fp8            ? launch_grouped_gate_up<true, kNT>(c, a)
                                             : launch_grouped_gate_up<false, kNT>(c, a);
