@@ -356,26 +356,18 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
 
 // ---- host ---------------------------------------------------------------------------------------------
 
-// Warps per block and pages in flight per warp (XINFER_CUDA_ATTN_STREAM: "0" = off, "4" or "8" =
-// that many warps with two stages each, "7x3" / "6x3" / "5x4" = warps × stages, A/B; default: 8
+// Warps per block (XINFER_CUDA_ATTN_STREAM: "0" = off, "4" or "8" = that many, A/B; default: 8
 // when the batch's (row tile, KV head) blocks fit one wave of 8-warp blocks (one per SM), else 4
 // (two per SM). Both give 8 warps per SM, each with two pages in flight; the choice is the block
 // granularity. Measured on H200 (ops-test --perf, µs, 4 / 8 warps): batch-1 32K keys 32.4 / 30.1,
 // 32 × 8K 178 / 176, serving 32 × 640 keys 23.8 / 17.0 (one split instead of two: no combine),
 // serving 64 × 640 30.7 / 33.7 (one wave instead of two), sliding serving 64 17.8 / 28.4.
-// 7x3 / 6x3 / 5x4 (more pages in flight per SM: 21 / 18 / 20 against 16) are not yet measured
-// (session 28 got no device). Returns warps · 10 + stages (0: off, -1: the default).
-int stream_shape_setting() {
+int stream_warps_setting() {
     static const int setting = [] {
         const char* v = std::getenv("XINFER_CUDA_ATTN_STREAM");
         if (!v || !*v) return -1;
-        static const struct {
-            const char* name;
-            int shape;
-        } known[] = {{"0", 0}, {"4", 42}, {"8", 82}, {"7x3", 73}, {"6x3", 63}, {"5x4", 54}};
-        for (const auto& k : known)
-            if (std::strcmp(v, k.name) == 0) return k.shape;
-        std::fprintf(stderr, "xinfer cuda: XINFER_CUDA_ATTN_STREAM=%s is not one of 0, 4, 8, 7x3, 6x3, 5x4; using the default\n", v);
+        if (std::strcmp(v, "0") == 0 || std::strcmp(v, "4") == 0 || std::strcmp(v, "8") == 0) return std::atoi(v);
+        std::fprintf(stderr, "xinfer cuda: XINFER_CUDA_ATTN_STREAM=%s is not one of 0, 4, 8; using the default\n", v);
         return -1;
     }();
     return setting;
@@ -451,15 +443,9 @@ int launch_stream(Context* c, DecodeArgs& a, const StreamLaunch& s) {
 
 template <int kDk, int kDv>
 int launch_stream_warps(Context* c, DecodeArgs& a, const StreamLaunch& s) {
-    int shape = stream_shape_setting();
-    if (shape < 0) shape = s.est_blocks <= c->sm_count ? 82 : 42;
-    switch (shape) {
-        case 73: return launch_stream<kDk, kDv, 7, 3>(c, a, s);
-        case 63: return launch_stream<kDk, kDv, 6, 3>(c, a, s);
-        case 54: return launch_stream<kDk, kDv, 5, 4>(c, a, s);
-        case 82: return launch_stream<kDk, kDv, 8, 2>(c, a, s);
-        default: return launch_stream<kDk, kDv, 4, 2>(c, a, s);
-    }
+    int warps = stream_warps_setting();
+    if (warps < 0) warps = s.est_blocks <= c->sm_count ? 8 : 4;
+    return warps == 8 ? launch_stream<kDk, kDv, 8, 2>(c, a, s) : launch_stream<kDk, kDv, 4, 2>(c, a, s);
 }
 
 }  // namespace
@@ -467,7 +453,7 @@ int launch_stream_warps(Context* c, DecodeArgs& a, const StreamLaunch& s) {
 int attention_stream(Context* c, DecodeArgs& a, int64_t cache_pages, int64_t key_span, int64_t est_blocks,
                      int64_t row_tiles) {
     if (a.tile_rows != kTileRows || a.page_size != kKeys || cache_pages <= 0 || cache_pages > INT_MAX ||
-        stream_shape_setting() == 0)
+        stream_warps_setting() == 0)
         return XINFER_UNSUPPORTED;
     const bool mimo = a.dk == 192 && a.dv == 128, qwen = a.dk == 128 && a.dv == 128;
     if (!mimo && !qwen) return XINFER_UNSUPPORTED;

@@ -47,10 +47,6 @@ struct TimelineMark {
     bool starved;      // the previous operation had finished on the device when this one was queued
 };
 
-constexpr int kMaxReadyExperts = 1024;
-constexpr int kReadyArrivals = 1;
-constexpr int kArrivalInts = kReadyArrivals + kMaxReadyExperts + 1;
-
 struct Context {
     int device = 0;
     int sm_count = 0;
@@ -64,9 +60,8 @@ struct Context {
     char* scratch = nullptr;
     size_t scratch_bytes = 0;
     std::vector<void*> retired;
-    // Arrival counters (kArrivalInts), each left at zero by the kernels that use it: [0] for
-    // kernels whose last block finishes for the grid (gemm.cu's norm-fused router), from
-    // kReadyArrivals the one-token FP8 experts' per-expert counts (moe.cu, GroupedArgs::ready).
+    // Arrival counters of kernels whose last block finishes for the grid (gemm.cu's norm-fused
+    // router); each such kernel leaves its counter at zero.
     int* arrivals = nullptr;
     // download_async: pinned staging the copies land in, and where each goes once waited for.
     struct PendingDownload {

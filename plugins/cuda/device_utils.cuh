@@ -52,24 +52,6 @@ __device__ __forceinline__ void pdl_begin() {
     pdl_launch_dependents();
 }
 
-// Counters one grid raises and a concurrent (PDL-launched) grid waits on: a release add after a
-// block barrier publishes the block's earlier writes; the waiting lane's acquire load, then
-// __syncwarp, orders its warp's later reads after them.
-__device__ __forceinline__ void red_add_release_gpu(int* p, int v) {
-    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-// The calling warp waits until *p ≥ target.
-__device__ __forceinline__ void warp_wait_count(const int* p, int target) {
-    if ((threadIdx.x & 31) == 0)
-        while (ld_acquire_gpu(p) < target) __nanosleep(64);
-    __syncwarp();
-}
-
 __device__ __forceinline__ float load_f(const void* p, int dtype, int64_t i) {
     switch (dtype) {
         case XINFER_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);

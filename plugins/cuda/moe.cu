@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
                                const void* gate_up /*[E, 2I, H]*/, const float* scale /*[E, srows, scols] or null*/,
                                int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
-                               int64_t H, __nv_bfloat16* h_out /*[P, I]*/, int* ready /*[E] or null*/) {
+                               int64_t H, __nv_bfloat16* h_out /*[P, I]*/) {
     extern __shared__ __align__(16) int plan_smem[];
     // The second half of the warps' partial sums (the half of H they streamed), per 16-row tile.
     __shared__ float partner[kGateTiles][kNT][8][32];
@@ -541,9 +541,6 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
         }
         __syncthreads();  // `partner` is reused by the next pass
     }
-    // The block's rows of h are written (the barrier above): one more block done for expert e,
-    // whose down warps wait for it (see GroupedArgs::ready).
-    if (ready && threadIdx.x == 0) red_add_release_gpu(ready + e, 1);
 }
 
 template <bool kFp8, int kNT, int kU, bool kPipe, int kRing>
@@ -552,8 +549,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                             const float* weights /*[T, top_k]*/, int T, int top_k, int E,
                             const void* down /*[E, H, I]*/, const float* scale /*[E, srows, scols] or null*/,
                             int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
-                            int64_t H, int k_parts, bool h_in_smem, int* ready /*[E + 1] or null*/,
-                            int gate_blocks, void* out /*[T, H]*/, int out_dtype) {
+                            int64_t H, int k_parts, bool h_in_smem, void* out /*[T, H]*/, int out_dtype) {
     extern __shared__ __align__(16) int plan_smem[];
     const int P = T * top_k;
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
@@ -599,20 +595,18 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
     Loads loads = loads_of(unit_at(min(warp, max(nd * k_parts - 1, 0))));
     if constexpr (kRing > 0)
         if (early) ring_issue_first<kRing>(loads, ring, lane);
-    // h comes from the gate_up kernel: without `ready`, after its whole grid (the PDL wait); with
-    // it, each unit's expert rows once that expert's gate_up blocks have counted themselves in.
-    if (ready) pdl_launch_dependents();
-    else pdl_begin();
+    pdl_begin();  // h comes from the gate_up kernel
     // h_in_smem: the block copies h [P, I] into shared memory once (after the ring), so the
     // activation fragments are shared-memory reads instead of an L2 round trip per chunk. (Staged
     // as f16 for the f16 mma, as gate_up stages x, it was slower: H200, 8 experts, T = 1, 68.6
     // against 65.3 µs for the whole op, the staging's maximum pass sitting between the PDL wait
-    // and the first h fragment.) With `ready` each unit copies its own pairs' rows.
-    uint4* hs = ring_base + kRing * kDownWarps * 2 * kU * 32;
-    const __nv_bfloat16* hb = h_in_smem ? reinterpret_cast<const __nv_bfloat16*>(hs) : h;
-    if (h_in_smem && !ready) {
+    // and the first h fragment.)
+    const __nv_bfloat16* hb = h;
+    if (h_in_smem) {
+        uint4* hs = ring_base + kRing * kDownWarps * 2 * kU * 32;
         copy_to_shared(hs, reinterpret_cast<const uint4*>(h), int64_t(P) * I / 8);
         __syncthreads();
+        hb = reinterpret_cast<const __nv_bfloat16*>(hs);
     }
 
     for (int unit = warp; unit < nd * k_parts; unit += kDownWarps) {
@@ -621,15 +615,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
         float* part_q = part + kq * P * 16;
         const int e = slot_expert[j], n_e = cnt[e];
         const int* pairs = list + end[e] - n_e;
-        if (ready) {
-            warp_wait_count(ready + e, gate_blocks * n_e);  // one gate_up block column per pair
-            if (h_in_smem) {
-                for (int q = 0; q < n_e; ++q)
-                    for (int64_t i = lane; i < I / 8; i += 32)
-                        hs[pairs[q] * (I / 8) + i] = __ldcg(reinterpret_cast<const uint4*>(h) + pairs[q] * (I / 8) + i);
-                __syncwarp();
-            }
-        }
         const float* scale_row = nullptr;
         if constexpr (kFp8) scale_row = scale + (int64_t(e) * scale_rows + n0 / block_rows) * scale_cols;
         const auto src = src_of(u);
@@ -720,15 +705,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
         }
         store_f(out, out_dtype, int64_t(t) * H + n, bad ? __int_as_float(0x7fc00000) : acc);
     }
-    if (ready) {
-        // Every warp of this block is past its waits (the barrier before the sum above); the last
-        // block to arrive re-arms the counters for the next launch, which passes its PDL wait only
-        // after this grid completes. The wait here makes this grid's completion imply gate_up's.
-        if (threadIdx.x == 0 && atomicAdd(ready + E, 1) == int(gridDim.x) - 1) {
-            for (int x = 0; x <= E; ++x) ready[x] = 0;
-        }
-        pdl_wait();
-    }
 }
 
 // XINFER_CUDA_MOE_GROUPED=0: the per-pair stream kernels above (bf16) / the GEMV (fp8) instead.
@@ -771,9 +747,6 @@ struct GroupedArgs {
     __nv_bfloat16* h;
     void* out;
     int out_dtype;
-    // One FP8 token (see expert_ready_enabled): [E] counts of gate_up blocks done per expert, then
-    // the down blocks' arrivals; null: the down kernel waits for the whole gate_up grid.
-    int* ready = nullptr;
 };
 
 // FP8 experts with one token tile (batch-1 decode, verification) stream through the shared-memory
@@ -863,7 +836,7 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     if (int rc = allow_smem(c, kernel, smem)) return rc;
     return launch_pdl(c, "moe_grouped_gate_up_kernel", kernel, grid,
                       dim3(kGateWarps * 32), smem, a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale,
-                      a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h, a.ready);
+                      a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h);
 }
 
 // How many ranges of I the down kernel's warps split each expert into. A block's 8 warps take
@@ -898,7 +871,7 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
                       dim3(unsigned(ceil_div(a.H, 16))), dim3(kDownWarps * 32), smem,
                       static_cast<const __nv_bfloat16*>(a.h), a.ids, a.weights, a.T, a.top_k, a.E, a.down,
                       a.down_scale, a.dn_scale_rows, a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, k_parts,
-                      h_in_smem, a.ready, int(ceil_div(a.I, 16 * kGateTiles)), a.out, a.out_dtype);
+                      h_in_smem, a.out, a.out_dtype);
 }
 
 // One token, bf16 experts: every pair has its own expert (a token picks an expert once), so the
@@ -924,23 +897,8 @@ int launch_down_slots(Context* c, const GroupedArgs& a) {
                       early_reads());
 }
 
-// One FP8 token's down warps start on their expert once its gate_up blocks are done, instead of
-// after the whole gate_up grid and the PDL wait (the grid's last block ends ~2 µs after the median
-// one, and the wait adds ~1 µs: docs/perf/2026-12-02-h200-session27.md, section 5). Safe because
-// the down grid launches only after every gate_up block has started (PDL), so the blocks it
-// waits on are all resident. Not yet run on a GPU (session 28 got no device): off unless
-// XINFER_CUDA_MOE_EXPERT_READY=1, until ops-test and the FP8 bench have checked it.
-bool expert_ready_enabled() {
-    static const bool enabled = env_flag("XINFER_CUDA_MOE_EXPERT_READY", false);
-    return enabled;
-}
-
 template <int kNT>
-int launch_grouped(Context* c, const GroupedArgs& args, bool gate_up_fp8, bool down_fp8) {
-    GroupedArgs a = args;
-    if (kNT == 1 && a.T == 1 && gate_up_fp8 && down_fp8 && moe_ring_enabled() && expert_ready_enabled() &&
-        a.E <= kMaxReadyExperts && grouped_down_parts(a.top_k, a.E) == 1)
-        a.ready = c->arrivals + kReadyArrivals;
+int launch_grouped(Context* c, const GroupedArgs& a, bool gate_up_fp8, bool down_fp8) {
     const int rc = a.T == 1 && !gate_up_fp8 ? launch_stream_gate_up(c, a)
                    : gate_up_fp8            ? launch_grouped_gate_up<true, kNT>(c, a)
                                             : launch_grouped_gate_up<false, kNT>(c, a);
