@@ -729,8 +729,9 @@ int attention_decode(Context* c, const xinfer_op* op) {
     const int64_t est_blocks = std::max<int64_t>(b.n_seqs, ceil_div(T * a.group, a.tile_rows)) * nkv;
     // Decode-shaped batches of MiMo's and Qwen3's bf16 heads: per-warp key streams (attention_stream.cu).
     if (bf16 && k_cache.rank == 4 && v_cache.rank == 4 && k_cache.shape[0] == v_cache.shape[0]) {
-        const int rc = attention_stream(c, a, k_cache.shape[0], key_span, est_blocks, row_tiles);
-        if (rc != XINFER_UNSUPPORTED) return rc != XINFER_OK ? rc : launch_combine(c, a);
+        bool merged = false;
+        const int rc = attention_stream(c, a, k_cache.shape[0], key_span, est_blocks, row_tiles, &merged);
+        if (rc != XINFER_UNSUPPORTED) return rc != XINFER_OK || merged ? rc : launch_combine(c, a);
     }
     // n_split from host-known bounds: enough blocks for ~2 waves of 2 blocks per SM, each split at
     // least min_split_tiles tiles and at most max_splits() splits, so the partials and the combine stay

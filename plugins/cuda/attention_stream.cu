@@ -113,8 +113,124 @@ __device__ __forceinline__ int swizzled(int r, int col) {
     return (col / kBoxCols) * kBoxBytes + r * 128 + ((((col % kBoxCols) / 8) ^ (r % 8)) << 4);
 }
 
+// The output row (token · nq + query head) of the block's tile row r.
+__device__ __forceinline__ int64_t out_row(const DecodeArgs& a, const BlockRows& b, int g, int r) {
+    const int64_t flat = b.row0 + r;
+    const int64_t t = b.token_base + (flat / a.group - b.tok_first);
+    return t * a.nq + g * a.group + int(flat % a.group);
+}
+
+// The in-kernel merge of one (row tile, KV head)'s n_split partials. counters: [arrived,
+// departed], zero between launches. Each split block has written its partials; it raises
+// `arrived` and waits until all n_split blocks have (the pattern of cooperative groups' grid
+// sync), then merges its own 1/n_split share of the tile's output columns: the combine kernel's
+// work spread over blocks already resident, with no launch and no grid-wide wait in between.
+// Launched only when every real block of the grid fits on the GPU at once, so that a waiting
+// block never holds the slot an unstarted one needs. smem: the block's stage buffers (free now).
+template <int kDv, int kThreads>
+__device__ void merge_splits_in_kernel(const DecodeArgs& a, const BlockRows& b, int g, int split, int* counters,
+                                       unsigned char* smem) {
+    __syncthreads();  // the block's partials are written (and its warps' O in shared memory read)
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(counters, 1);
+        while (ld_acquire_gpu(counters) < a.n_split) __nanosleep(32);
+        __threadfence();
+    }
+    __syncthreads();
+    constexpr int kCols4 = kDv / 4;  // float4 columns a row
+    const int n_split = a.n_split, n4 = b.rows * kCols4;
+    const int per = (n4 + n_split - 1) / n_split;  // float4 columns each split block merges
+    const int e_lo = min(n4, split * per), e_hi = min(n4, e_lo + per);
+    const int r_lo = e_lo / kCols4;
+    const int64_t part_rows = a.T * a.nq;  // rows of one split's partials
+    auto* weight = reinterpret_cast<float*>(smem);  // [rows of the share][n_split]
+    auto* sums = reinterpret_cast<float4*>(smem + kTileRows * kMaxDecodeSplits * 4);  // [kThreads]
+
+    // A warp per row of the share: the splits' weights exp2(m_z - M) / denominator, with the sink
+    // in M and in the denominator (as attention_decode.cu's combine kernel).
+    const int lane = threadIdx.x % 32;
+    for (int r = r_lo + int(threadIdx.x) / 32; e_lo < e_hi && r <= (e_hi - 1) / kCols4; r += kThreads / 32) {
+        const int64_t R = out_row(a, b, g, r);
+        constexpr int kPerLane = kMaxDecodeSplits / 32;
+        float m[kPerLane], l[kPerLane], M = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+            const int z = lane + 32 * j;
+            m[j] = z < n_split ? __ldcg(a.part_ml + (z * part_rows + R) * 2) : -INFINITY;
+            l[j] = z < n_split ? __ldcg(a.part_ml + (z * part_rows + R) * 2 + 1) : 0.f;
+            M = fmaxf(M, m[j]);
+        }
+        M = warp_max(M);
+        const float sink = a.sinks ? a.sinks[R % a.nq] * kLog2e : -INFINITY;
+        const float Ms = fmaxf(M, sink);
+        float denom = 0.f;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+            m[j] = m[j] == -INFINITY ? 0.f : exp2f(m[j] - Ms);  // from here on: the split's factor
+            denom += l[j] * m[j];
+        }
+        denom = warp_sum(denom) + (a.sinks ? exp2f(sink - Ms) : 0.f);
+        const float inv = denom == 0.f ? 0.f : 1.f / denom;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j)
+            if (lane + 32 * j < n_split) weight[(r - r_lo) * n_split + lane + 32 * j] = m[j] * inv;
+    }
+    __syncthreads();
+
+    // tpe threads per float4 column, each summing splits zt, zt + tpe, ... (four loads in flight),
+    // then the first of them adds the tpe sums and stores the bf16 output.
+    const int tpe = max(1, kThreads / max(per, 1)), cols_per_pass = kThreads / tpe;
+    for (int e0 = e_lo; e0 < e_hi; e0 += cols_per_pass) {
+        const int e = e0 + int(threadIdx.x) / tpe, zt = int(threadIdx.x) % tpe;
+        const bool mine = int(threadIdx.x) / tpe < cols_per_pass && e < e_hi;
+        const int r = e / kCols4, d = (e % kCols4) * 4;
+        const int64_t R = mine ? out_row(a, b, g, r) : 0;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int z0 = zt; mine && z0 < n_split; z0 += 4 * tpe) {
+            float4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int z = z0 + k * tpe;
+                v[k] = z < n_split ? __ldcg(reinterpret_cast<const float4*>(a.part_o + (z * part_rows + R) * kDv + d))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int z = z0 + k * tpe;
+                const float w = z < n_split ? weight[(r - r_lo) * n_split + z] : 0.f;
+                acc.x += v[k].x * w;
+                acc.y += v[k].y * w;
+                acc.z += v[k].z * w;
+                acc.w += v[k].w * w;
+            }
+        }
+        sums[threadIdx.x] = acc;
+        __syncthreads();
+        if (mine && zt == 0) {
+            for (int k = 1; k < tpe; ++k) {
+                const float4 o = sums[threadIdx.x + k];
+                acc.x += o.x;
+                acc.y += o.y;
+                acc.z += o.z;
+                acc.w += o.w;
+            }
+            const __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x, acc.y), __floats2bfloat162_rn(acc.z, acc.w)};
+            *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(a.out) + R * kDv + d) = *reinterpret_cast<const uint2*>(v);
+        }
+        __syncthreads();
+    }
+    // The last block out leaves the counters at zero for the next launch, which touches them only
+    // after its pdl_wait (this grid complete).
+    if (threadIdx.x == 0 && atomicAdd(counters + 1, 1) == n_split - 1) {
+        counters[0] = 0;
+        counters[1] = 0;
+    }
+}
+
 template <int kDk, int kDv, int kWarps, int kStages>
-__global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(DecodeArgs a, const __grid_constant__ PageMaps maps) {
+__global__ void __launch_bounds__(kWarps * 32, 1)
+    attention_stream_kernel(DecodeArgs a, const __grid_constant__ PageMaps maps, int* merge_counters) {
     static_assert(kDk % kBoxCols == 0 && kDv == 128, "whole TMA boxes; the epilogue gives a lane 4 of 128 columns");
     constexpr StreamSmem L = stream_smem<kDk, kDv, kWarps, kStages>();
     constexpr int kThreads = kWarps * 32, kDkSteps = kDk / 16;
@@ -299,6 +415,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
         l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 2);
     }
     static_assert(kTileRows * (kDv + 4) * 4 <= kStages * (kDk + kDv) * kKeys * 2, "a warp's O fits its stages");
+    static_assert(kTileRows * kMaxDecodeSplits * 4 + kThreads * 16 <= L.q, "the in-kernel merge fits the stages");
     auto* Ow = reinterpret_cast<float*>(smem + warp * L.warp_bytes);  // [16][ldo]
 #pragma unroll
     for (int j = 0; j < kDv / 8; ++j) {
@@ -330,9 +447,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
     __syncthreads();
     // A warp per row, each lane 4 adjacent columns.
     for (int r = warp; r < b.rows; r += kWarps) {
-        const int64_t flat = b.row0 + r;
-        const int64_t t = b.token_base + (flat / G - b.tok_first);
-        const int64_t R = t * a.nq + g * G + int(flat % G);
+        const int64_t R = out_row(a, b, g, r);
         const float* f = fac + r * kFac;
         const int d = lane * 4;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -352,6 +467,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_stream_kernel(Decode
             a.part_ml[P * 2 + 1] = f[kScale + 1];
         }
     }
+    if (merge_counters)
+        merge_splits_in_kernel<kDv, kThreads>(a, b, g, split,
+                                              merge_counters + 2 * (int64_t(blockIdx.y) * gridDim.x + blockIdx.x), smem);
 }
 
 // ---- host ---------------------------------------------------------------------------------------------
@@ -387,6 +505,10 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // One cache's tensor map: [pages][16 slots][n_kv][d] bf16, pages page_stride elements apart.
+// L2 promotion to 128 bytes, a box row's size: MiMo's K rows are 384 bytes a head, so a 256-byte
+// promotion fetched 128 bytes of the next head with every third box row (H200, ops-test --perf:
+// 32 × 8K keys 171 → 159 µs, 93 → 100% of copy; 32K keys 30.0 → 29.2 µs; 64 bytes and none as 128).
+
 bool encode_page_map(CUtensorMap* map, const void* cache, int64_t pages, int nkv, int d, int64_t page_stride) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return false;
@@ -395,7 +517,7 @@ bool encode_page_map(CUtensorMap* map, const void* cache, int64_t pages, int nkv
     const cuuint32_t box[4] = {kBoxCols, 1, kKeys, 1}, element_strides[4] = {1, 1, 1, 1};
     return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(cache), dims, strides, box,
                   element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Splits of each (row tile, KV head) block's keys: the fewest that fill the GPU's block slots to
@@ -417,9 +539,24 @@ int stream_splits(int64_t est_blocks, int64_t slots, int64_t key_span, int warps
     return best;
 }
 
+// XINFER_CUDA_ATTN_SPLIT_MERGE=0: the combine kernel merges every split launch (A/B of the
+// in-kernel merge).
+bool split_merge_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_ATTN_SPLIT_MERGE", true);
+    return enabled;
+}
+
+// Row tiles that hold rows, at most (the grid's x is a looser bound): a sequence of q_len ≥ 1
+// rows has ceil(q_len · G / 16) ≤ (q_len · G + 15) / 16 of them (an empty one none), and at most
+// min(n_seqs, T) sequences are not empty.
+int64_t real_row_tiles(int64_t T, int64_t n_seqs, int G) {
+    return (T * G + (kTileRows - 1) * std::min(n_seqs, T)) / kTileRows;
+}
+
 struct StreamLaunch {
     int64_t key_span, est_blocks, row_tiles;
     const PageMaps* maps;
+    bool* merged;
 };
 
 template <int kDk, int kDv, int kWarps, int kStages>
@@ -437,8 +574,16 @@ int launch_stream(Context* c, DecodeArgs& a, const StreamLaunch& s) {
     static const int64_t forced = env_int("XINFER_CUDA_ATTN_STREAM_SPLITS", 0);
     if (forced > 0 && s.key_span > kOneSplitKeys) a.n_split = int(std::min<int64_t>(forced, kMaxDecodeSplits));
     if (int rc = decode_partials(c, a)) return rc;
+    // The splits merge in the kernel (no combine launch) when every real block fits at once.
+    const int64_t real_blocks = std::min(s.row_tiles, real_row_tiles(a.T, a.n_seqs, a.group)) * a.nkv * a.n_split;
+    int* merge_counters = nullptr;
+    if (a.n_split > 1 && split_merge_enabled() && s.row_tiles * a.nkv <= kMaxSplitGroups &&
+        real_blocks <= int64_t(blocks_per_sm) * c->sm_count)
+        merge_counters = c->arrivals + kSplitArrivals;
+    *s.merged = merge_counters != nullptr;
     const dim3 grid{unsigned(s.row_tiles), unsigned(a.nkv), unsigned(a.n_split)};
-    return launch_pdl(c, "attention_stream_kernel", kernel, grid, dim3(kWarps * 32), size_t(L.total), a, *s.maps);
+    return launch_pdl(c, "attention_stream_kernel", kernel, grid, dim3(kWarps * 32), size_t(L.total), a, *s.maps,
+                      merge_counters);
 }
 
 template <int kDk, int kDv>
@@ -451,7 +596,8 @@ int launch_stream_warps(Context* c, DecodeArgs& a, const StreamLaunch& s) {
 }  // namespace
 
 int attention_stream(Context* c, DecodeArgs& a, int64_t cache_pages, int64_t key_span, int64_t est_blocks,
-                     int64_t row_tiles) {
+                     int64_t row_tiles, bool* merged) {
+    *merged = false;
     if (a.tile_rows != kTileRows || a.page_size != kKeys || cache_pages <= 0 || cache_pages > INT_MAX ||
         stream_warps_setting() == 0)
         return XINFER_UNSUPPORTED;
@@ -461,7 +607,7 @@ int attention_stream(Context* c, DecodeArgs& a, int64_t cache_pages, int64_t key
     if (!encode_page_map(&maps.k, a.k_cache, cache_pages, a.nkv, a.dk, a.k_page_stride) ||
         !encode_page_map(&maps.v, a.v_cache, cache_pages, a.nkv, a.dv, a.v_page_stride))
         return XINFER_UNSUPPORTED;
-    const StreamLaunch s{key_span, est_blocks, row_tiles, &maps};
+    const StreamLaunch s{key_span, est_blocks, row_tiles, &maps, merged};
     return mimo ? launch_stream_warps<192, 128>(c, a, s) : launch_stream_warps<128, 128>(c, a, s);
 }
 

@@ -38,11 +38,12 @@ constexpr int kMaxDecodeSplits = 128;
 int decode_partials(Context* c, DecodeArgs& a);
 // Launches attention_stream_kernel (attention_stream.cu) for a decode-shaped batch (a.tile_rows
 // = 16) of bf16 heads with fixed dims over 16-token pages, choosing a.n_split; XINFER_UNSUPPORTED
-// when it does not take the batch. The caller launches the combine when a.n_split > 1.
+// when it does not take the batch. The caller launches the combine when a.n_split > 1 and the
+// kernel did not merge its splits itself (*merged false).
 // cache_pages: the caches' pages (their shape[0]); key_span: the keys a block may walk at most;
 // est_blocks: (row tile, KV head) blocks; row_tiles: the grid's x (an upper bound).
 int attention_stream(Context* c, DecodeArgs& a, int64_t cache_pages, int64_t key_span, int64_t est_blocks,
-                     int64_t row_tiles);
+                     int64_t row_tiles, bool* merged);
 
 namespace {
 

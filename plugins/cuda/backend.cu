@@ -292,10 +292,10 @@ int context_create(int device, void** out) {
     if (err == cudaSuccess) err = cudaGetDeviceProperties(&prop, device);
     if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (err == cudaSuccess) err = cudaMalloc(&c->lt_workspace, kLtWorkspaceBytes);
-    if (err == cudaSuccess) err = cudaMalloc(&c->arrivals, sizeof(int));
+    if (err == cudaSuccess) err = cudaMalloc(&c->arrivals, kArrivalInts * sizeof(int));
     // On the context's stream (non-blocking: a plain cudaMemset, on the legacy stream, would not be
     // ordered before the kernels that count on the zero).
-    if (err == cudaSuccess) err = cudaMemsetAsync(c->arrivals, 0, sizeof(int), c->stream);
+    if (err == cudaSuccess) err = cudaMemsetAsync(c->arrivals, 0, kArrivalInts * sizeof(int), c->stream);
     if (err != cudaSuccess) {
         context_destroy(c);  // frees what was created (the stream, the workspace)
         return err == cudaErrorMemoryAllocation ? XINFER_OUT_OF_MEMORY : XINFER_ERROR;

@@ -47,6 +47,10 @@ struct TimelineMark {
     bool starved;      // the previous operation had finished on the device when this one was queued
 };
 
+constexpr int kSplitArrivals = 1;
+constexpr int kMaxSplitGroups = 1024;
+constexpr int kArrivalInts = kSplitArrivals + 2 * kMaxSplitGroups;
+
 struct Context {
     int device = 0;
     int sm_count = 0;
@@ -60,8 +64,10 @@ struct Context {
     char* scratch = nullptr;
     size_t scratch_bytes = 0;
     std::vector<void*> retired;
-    // Arrival counters of kernels whose last block finishes for the grid (gemm.cu's norm-fused
-    // router); each such kernel leaves its counter at zero.
+    // Arrival counters (kArrivalInts), each left at zero by the kernel that uses it: [0] for the
+    // norm-fused router, whose last block finishes for the grid (gemm.cu); from kSplitArrivals,
+    // two per (row tile, KV head) of a decode attention that merges its splits in-kernel
+    // (attention_stream.cu).
     int* arrivals = nullptr;
     // download_async: pinned staging the copies land in, and where each goes once waited for.
     struct PendingDownload {

@@ -52,6 +52,15 @@ __device__ __forceinline__ void pdl_begin() {
     pdl_launch_dependents();
 }
 
+// A counter other blocks of the grid raise (after a block barrier and __threadfence, as
+// cooperative groups' grid sync does): the acquire load orders the caller's later reads after
+// the writes those blocks published.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ float load_f(const void* p, int dtype, int64_t i) {
     switch (dtype) {
         case XINFER_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
