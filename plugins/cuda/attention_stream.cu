@@ -17,7 +17,8 @@
 //     softmax and O += P·V with mma.sync m16n8k16, and waits only on its own mbarrier - no block
 //     barrier inside the key loop;
 //   - at the end the block merges its warps' (m, l, O) and writes the output (one split) or the
-//     unnormalised partials that attention_decode.cu's combine kernel merges with the sink.
+//     unnormalised partials, which the split blocks then merge with the sink themselves when the
+//     whole grid is resident (merge_splits_in_kernel), else attention_decode.cu's combine kernel.
 // A page is copied whole: rows of keys no token of the block sees hold whatever the slot holds
 // (unwritten slots past kv_len: anything), so their scores are masked and, in the two edge tiles
 // of a block's range, their V rows zeroed (P = 0 times a NaN would not be 0). A needed key on a
