@@ -509,7 +509,6 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // L2 promotion to 128 bytes, a box row's size: MiMo's K rows are 384 bytes a head, so a 256-byte
 // promotion fetched 128 bytes of the next head with every third box row (H200, ops-test --perf:
 // 32 × 8K keys 171 → 159 µs, 93 → 100% of copy; 32K keys 30.0 → 29.2 µs; 64 bytes and none as 128).
-
 bool encode_page_map(CUtensorMap* map, const void* cache, int64_t pages, int nkv, int d, int64_t page_stride) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return false;
