@@ -497,31 +497,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
             o[i][e] = z < n_split && d < dv ? part_o[(z * n_rows + R) * dv + d] : 0.f;
         }
     }
-    if (warp == 0) {
-        constexpr int kPerLane = kMaxDecodeSplits / 32;
-        float m[kPerLane], l[kPerLane], M = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j) {
-            const int z = lane + 32 * j;
-            m[j] = z < n_split ? part_ml[(z * n_rows + R) * 2] : -INFINITY;
-            l[j] = z < n_split ? part_ml[(z * n_rows + R) * 2 + 1] : 0.f;
-            M = fmaxf(M, m[j]);
-        }
-        M = warp_max(M);
-        const float sink = sinks ? sinks[R % nq] * kLog2e : -INFINITY;
-        const float Ms = fmaxf(M, sink);
-        float denom = 0.f;
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j) {
-            m[j] = m[j] == -INFINITY ? 0.f : exp2f(m[j] - Ms);  // from here on: the split's factor
-            denom += l[j] * m[j];
-        }
-        denom = warp_sum(denom) + (sinks ? exp2f(sink - Ms) : 0.f);
-        const float inv = denom == 0.f ? 0.f : 1.f / denom;
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j)
-            if (lane + 32 * j < n_split) weight[lane + 32 * j] = m[j] * inv;
-    }
+    if (warp == 0) split_weights(part_ml, n_split, n_rows, R, sinks, nq, weight);
     __syncthreads();
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll

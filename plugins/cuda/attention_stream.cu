@@ -148,35 +148,9 @@ __device__ void merge_splits_in_kernel(const DecodeArgs& a, const BlockRows& b, 
     auto* weight = reinterpret_cast<float*>(smem);  // [rows of the share][n_split]
     auto* sums = reinterpret_cast<float4*>(smem + kTileRows * kMaxDecodeSplits * 4);  // [kThreads]
 
-    // A warp per row of the share: the splits' weights exp2(m_z - M) / denominator, with the sink
-    // in M and in the denominator (as attention_decode.cu's combine kernel).
-    const int lane = threadIdx.x % 32;
-    for (int r = r_lo + int(threadIdx.x) / 32; e_lo < e_hi && r <= (e_hi - 1) / kCols4; r += kThreads / 32) {
-        const int64_t R = out_row(a, b, g, r);
-        constexpr int kPerLane = kMaxDecodeSplits / 32;
-        float m[kPerLane], l[kPerLane], M = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j) {
-            const int z = lane + 32 * j;
-            m[j] = z < n_split ? __ldcg(a.part_ml + (z * part_rows + R) * 2) : -INFINITY;
-            l[j] = z < n_split ? __ldcg(a.part_ml + (z * part_rows + R) * 2 + 1) : 0.f;
-            M = fmaxf(M, m[j]);
-        }
-        M = warp_max(M);
-        const float sink = a.sinks ? a.sinks[R % a.nq] * kLog2e : -INFINITY;
-        const float Ms = fmaxf(M, sink);
-        float denom = 0.f;
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j) {
-            m[j] = m[j] == -INFINITY ? 0.f : exp2f(m[j] - Ms);  // from here on: the split's factor
-            denom += l[j] * m[j];
-        }
-        denom = warp_sum(denom) + (a.sinks ? exp2f(sink - Ms) : 0.f);
-        const float inv = denom == 0.f ? 0.f : 1.f / denom;
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j)
-            if (lane + 32 * j < n_split) weight[(r - r_lo) * n_split + lane + 32 * j] = m[j] * inv;
-    }
+    // A warp per row of the share: the splits' weights (as attention_decode.cu's combine kernel).
+    for (int r = r_lo + int(threadIdx.x) / 32; e_lo < e_hi && r <= (e_hi - 1) / kCols4; r += kThreads / 32)
+        split_weights(a.part_ml, n_split, part_rows, out_row(a, b, g, r), a.sinks, a.nq, weight + (r - r_lo) * n_split);
     __syncthreads();
 
     // tpe threads per float4 column, each summing splits zt, zt + tpe, ... (four loads in flight),

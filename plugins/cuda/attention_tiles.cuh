@@ -170,6 +170,37 @@ __device__ __forceinline__ void finish_row(const DecodeArgs& a, int g, int64_t r
         to[1] = l;
     }
 }
+// One output row R's split weights, computed by a whole warp: split z's partial (m_z, l_z), in
+// log2 units, at part_ml[(z · part_rows + R) · 2]; weight[z] = exp2(m_z − M) / denominator for
+// z < n_split, the sink (sinks[R % nq], none when sinks is null) joining M and the denominator.
+// The loads bypass L1: the partials may come from other blocks of the same grid.
+__device__ __forceinline__ void split_weights(const float* part_ml, int n_split, int64_t part_rows, int64_t R,
+                                              const float* sinks, int nq, float* weight) {
+    constexpr int kPerLane = kMaxDecodeSplits / 32;
+    const int lane = threadIdx.x % 32;
+    float m[kPerLane], l[kPerLane], M = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+        const int z = lane + 32 * j;
+        m[j] = z < n_split ? __ldcg(part_ml + (z * part_rows + R) * 2) : -INFINITY;
+        l[j] = z < n_split ? __ldcg(part_ml + (z * part_rows + R) * 2 + 1) : 0.f;
+        M = fmaxf(M, m[j]);
+    }
+    M = warp_max(M);
+    const float sink = sinks ? sinks[R % nq] * kLog2e : -INFINITY;
+    const float Ms = fmaxf(M, sink);
+    float denom = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+        m[j] = m[j] == -INFINITY ? 0.f : exp2f(m[j] - Ms);  // from here on: the split's factor
+        denom += l[j] * m[j];
+    }
+    denom = warp_sum(denom) + (sinks ? exp2f(sink - Ms) : 0.f);
+    const float inv = denom == 0.f ? 0.f : 1.f / denom;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+        if (lane + 32 * j < n_split) weight[lane + 32 * j] = m[j] * inv;
+}
 // A lane's 4 adjacent columns d .. d + 3 of output row R (bf16 output, dv columns a row): the
 // normalised output acc · scale with one split, else the unnormalised partial row P.
 __device__ __forceinline__ void store_out4(const DecodeArgs& a, int64_t R, int64_t P, int dv, int d, float4 acc,
