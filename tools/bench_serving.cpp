@@ -68,18 +68,24 @@ struct StepBytes {
         return it != measured_distinct.end() ? it->second : uniform_distinct(batch);
     }
     double weights(int batch) const { return moe_layers == 0 ? dense : dense + moe_layers * distinct(batch) * expert; }
-    double kv(int64_t context) const {
-        double bytes = 0;
-        for (const LayerSpec& l : config->layers) {
-            const int64_t keys = l.window > 0 ? std::min<int64_t>(context, l.window) : context;
-            bytes += double(keys) * double(kv_bytes_per_token_per_layer(kv_dtype, l.n_kv_heads, l.head_dim_k, l.head_dim_v));
-        }
-        return bytes;
-    }
+    double kv(int64_t context) const { return kv_bytes_read(*config, context, kv_dtype); }
 };
 
 // The engine's own count (Engine::decode_weight_bytes: FP8-resident matrices at their e4m3 bytes
 // plus scales, f32 norms and routers), split into the routing-independent part and one expert.
+}  // namespace
+
+double kv_bytes_read(const ModelConfig& config, int64_t context, DType kv_dtype) {
+    double bytes = 0;
+    for (const LayerSpec& l : config.layers) {
+        const int64_t keys = l.window > 0 ? std::min<int64_t>(context, l.window) : context;
+        bytes += double(keys) * double(kv_bytes_per_token_per_layer(kv_dtype, l.n_kv_heads, l.head_dim_k, l.head_dim_v));
+    }
+    return bytes;
+}
+
+namespace {
+
 StepBytes step_bytes(const ModelConfig& config, const DecodeWeightBytes& weights, DType kv_dtype) {
     StepBytes s;
     s.config = &config;

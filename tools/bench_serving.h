@@ -2,6 +2,7 @@
 #pragma once
 
 #include "commands.h"
+#include "models/model.h"
 
 #include <string>
 
@@ -20,5 +21,9 @@ struct ServingBenchOptions {
 };
 
 void run_serving_bench(const ModelOptions& model, const ServingBenchOptions& options);
+
+// Bytes of K and V one sequence's decode step reads at context `context` from a cache of
+// `kv_dtype` (fp8: with its per-row scales): each layer reads what its window allows.
+double kv_bytes_read(const ModelConfig& config, int64_t context, DType kv_dtype);
 
 }  // namespace xinfer::cli
