@@ -166,6 +166,30 @@ TEST(Cli, GenerateProfileWritesChromeTrace) {
     std::filesystem::remove(trace);
 }
 
+// The bench's decode roofline counts the KV a step reads in the cache's own dtype: at context
+// 4,001 (4,000 prompt tokens + half of 2 steps), each layer reads min(context, window) keys of
+// n_kv · (dk + dv) values, 2 bytes each in bf16 and 4 in f32.
+TEST(Cli, BenchCountsKvBytesInTheCacheDtype) {
+    const Fixture f = load_fixture("mimo_native_f32");
+    const ModelConfig config = read_model_config(*Checkpoint::open(f.dir, false));
+    double bf16_mb = 0;
+    for (const LayerSpec& l : config.layers) {
+        const int64_t keys = l.window > 0 ? std::min<int64_t>(4001, l.window) : 4001;
+        bf16_mb += double(keys * l.n_kv_heads * (l.head_dim_k + l.head_dim_v) * 2) / 1e6;
+    }
+    const auto printed_kv_mb = [&](const char* dtype) {
+        const CommandResult run = run_xinfer(
+            fmt::format("bench --model {} --prompt-len 4000 --gen-len 2 --kv-cache-dtype {}", f.dir.string(), dtype));
+        EXPECT_EQ(run.status, 0) << run.output;
+        const size_t at = run.output.find(" MB KV");
+        EXPECT_NE(at, std::string::npos) << run.output;
+        if (at == std::string::npos) return -1.0;
+        return std::stod(run.output.substr(run.output.rfind('+', at) + 1, at));
+    };
+    EXPECT_NEAR(printed_kv_mb("bfloat16"), bf16_mb, 0.006);
+    EXPECT_NEAR(printed_kv_mb("float32"), 2 * bf16_mb, 0.006);
+}
+
 // On a MoE model the serving bench measures the distinct experts of its decode steps (an untimed
 // census pass per level) and prints them next to what uniform routing would touch: a batch of
 // one touches exactly top_k (2 in this fixture) per layer.
