@@ -71,8 +71,6 @@ struct StepBytes {
     double kv(int64_t context) const { return kv_bytes_read(*config, context, kv_dtype); }
 };
 
-// The engine's own count (Engine::decode_weight_bytes: FP8-resident matrices at their e4m3 bytes
-// plus scales, f32 norms and routers), split into the routing-independent part and one expert.
 }  // namespace
 
 double kv_bytes_read(const ModelConfig& config, int64_t context, DType kv_dtype) {
@@ -86,6 +84,8 @@ double kv_bytes_read(const ModelConfig& config, int64_t context, DType kv_dtype)
 
 namespace {
 
+// The engine's own count (Engine::decode_weight_bytes: FP8-resident matrices at their e4m3 bytes
+// plus scales, f32 norms and routers), split into the routing-independent part and one expert.
 StepBytes step_bytes(const ModelConfig& config, const DecodeWeightBytes& weights, DType kv_dtype) {
     StepBytes s;
     s.config = &config;

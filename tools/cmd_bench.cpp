@@ -7,7 +7,6 @@
 #include "core/status.h"
 #include "device_limits.h"
 #include "runtime/profiler.h"
-#include "runtime/runner.h"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -186,10 +185,8 @@ void add_bench_command(CLI::App& app) {
         const double prefill_tps = double(options->prompt_len) / prefill_seconds;
         const double decode_tps = double(options->gen_len) / decode_seconds;
         const double weight_bytes = double(loaded.model->weight_bytes_per_decode_token());
-        // The cache's own dtype: until session 29 this counted 4 bytes a value, which overstated a
-        // bf16 cache's reads twofold (MiMo at 4K context: 241 MB a token against 121).
-        const DType kv_dtype = resolve_kv_cache_dtype(options->serving.kv_cache_dtype, loaded.model->activation_dtype());
-        const double kv_bytes = kv_bytes_read(config, options->prompt_len + options->gen_len / 2, kv_dtype);
+        const double kv_bytes =
+            kv_bytes_read(config, options->prompt_len + options->gen_len / 2, runner.kv().layout().dtype);
         const double bytes_per_token = weight_bytes + kv_bytes;
         const double achieved_gbps = bytes_per_token * decode_tps / 1e9;
         const double roofline_tps = bandwidth_gbps * 1e9 / bytes_per_token;

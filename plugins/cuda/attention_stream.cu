@@ -155,7 +155,7 @@ __device__ void merge_splits_in_kernel(const DecodeArgs& a, const BlockRows& b, 
 
     // tpe threads per float4 column, each summing splits zt, zt + tpe, ... (four loads in flight),
     // then the first of them adds the tpe sums and stores the bf16 output.
-    const int tpe = max(1, kThreads / max(per, 1)), cols_per_pass = kThreads / tpe;
+    const int tpe = max(1, kThreads / per), cols_per_pass = kThreads / tpe;
     for (int e0 = e_lo; e0 < e_hi; e0 += cols_per_pass) {
         const int e = e0 + int(threadIdx.x) / tpe, zt = int(threadIdx.x) % tpe;
         const bool mine = int(threadIdx.x) / tpe < cols_per_pass && e < e_hi;
