@@ -101,6 +101,10 @@ if [ $engine = 1 ]; then
             # cases, since the CPU backend runs no FP8 MATMUL.
             ops_test_with XINFER_OPS_TEST_DECODE_MATMULS=1 ops-test-fp8-matmul.log "fp8 cases" \
                 --op matmul --filter '^matmul\((T=(520|600),|T=[0-9]+, N=(8464|8704),)'
+            # The norm inside the FP8 projection's GEMV (one row: norm_stream_gemv's FP8 sibling in
+            # mma_gemv_kernel), opt-in for the same reason.
+            ops_test_with XINFER_OPS_TEST_DECODE_MATMULS=1 ops-test-fp8-norm-matmul.log "fp8 norm cases" \
+                --op add_rmsnorm_matmul --filter 'w=f8_e4m3'
             # bf16 matmuls of up to 8 rows run on the tensor-core GEMV; the streaming GEMV stays their
             # fallback (and the f32 routers' path).
             ops_test_with XINFER_CUDA_BF16_MMA_GEMV=0 ops-test-bf16-stream-gemv.log "bf16 streaming GEMV" --op matmul

@@ -65,7 +65,8 @@ struct Context {
     size_t scratch_bytes = 0;
     std::vector<void*> retired;
     // Arrival counters (kArrivalInts), each left at zero by the kernel that uses it: [0] for the
-    // norm-fused router, whose last block finishes for the grid (gemm.cu); from kSplitArrivals,
+    // norm-fused GEMVs, whose last block (router) or last block's warp 0 (one bf16 row) stores the
+    // residual and normed for the grid (gemm.cu); from kSplitArrivals,
     // two per (row tile, KV head) of a decode attention that merges its splits in-kernel
     // (attention_stream.cu).
     int* arrivals = nullptr;

@@ -323,7 +323,8 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
 // memory (plain loads instead of the read-only path).
 template <typename XT, int E, bool kShared = false>
 __device__ __forceinline__ void load_x(const XT* row, int64_t k, float (&out)[E]) {
-    static_assert(!kShared || (std::is_same_v<XT, __nv_bfloat16> && E == 4), "shared x: the norm-fused router's");
+    static_assert(!kShared || (std::is_same_v<XT, __nv_bfloat16> && (E == 4 || E == 8)),
+                  "shared x: the norm-fused GEMVs' bf16 rows");
     if constexpr (std::is_same_v<XT, float>) {
 #pragma unroll
         for (int i = 0; i < E; i += 4) {
@@ -346,7 +347,8 @@ __device__ __forceinline__ void load_x(const XT* row, int64_t k, float (&out)[E]
     } else {
 #pragma unroll
         for (int i = 0; i < E; i += 8) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + k + i));
+            const uint4* p = reinterpret_cast<const uint4*>(row + k + i);
+            const uint4 v = kShared ? *p : __ldg(p);
             const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -639,6 +641,113 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_gemv_kernel(StreamGe
     }
 }
 
+// ---- the norm before a one-token bf16 projection, in a one-wave streaming GEMV -----------------------
+// ADD_RMSNORM_MATMUL for one row of bf16 weights (the fused q|k|v of a decode step): the norm's
+// own launch sat on every layer's chain (H200, in the replayed bf16 step: 2.3 µs a layer). Two
+// earlier fusions put the norm in front of every block's stream and lost (sessions 13 and 19):
+// 1,856 blocks each paid it, and each waited on a contended atomic before streaming. Here the grid
+// is one wave (the blocks that fit at once), so each block normalises once
+// (norm_rows_to_shared, while its first weights are in flight) and then loops over row groups: a
+// warp streams row (b + i·gridDim.x)·8 + warp for i = 0, 1, ..., its rounds pipelined across the
+// rows' boundaries as within a row. No block waits on another: each raises a counter (red.release,
+// no reply awaited) once it has read the residual, and warp 0 of the last block - which has at most
+// as many rows as any other - stores the updated residual and `normed` after its rows, when the
+// count shows every block has read. x is `normed` from shared memory, as the two-op path computes it.
+__device__ __forceinline__ void red_release_add_gpu(int* p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Four blocks per SM (63 registers). Five (48 registers, with spills) read MiMo's q|k|v about as
+// fast alone but slowed the bf16 decode step by 0.6-0.8 points (H200, session 30).
+// The end of a one-wave norm GEMV: the last block's warps store normed and the updated residual
+// (from the block's shared copies), a slice each, once the count shows every block has read the
+// residual (each block raised it after its norm_rows_to_shared); the last warp out re-arms the
+// counter. Call with the whole block, after its stream.
+__device__ void store_norm_once_read(const NormArgs& norm, int64_t K, const __nv_bfloat16* normed_s,
+                                     const __nv_bfloat16* resid_s) {
+    if (blockIdx.x != gridDim.x - 1) return;
+    const int lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
+    if (lane == 0)
+        while (ld_acquire_gpu(norm.arrivals) < int(gridDim.x)) __nanosleep(32);
+    __syncwarp();
+    for (int64_t i = threadIdx.x; i < K / 8; i += blockDim.x) {
+        reinterpret_cast<uint4*>(norm.normed)[i] = reinterpret_cast<const uint4*>(normed_s)[i];
+        if (norm.delta) reinterpret_cast<uint4*>(norm.residual)[i] = reinterpret_cast<const uint4*>(resid_s)[i];
+    }
+    if (lane == 0 && atomicAdd(norm.arrivals, 1) == int(gridDim.x) + warps - 1)
+        *norm.arrivals = 0;  // the next launch raises it only after its PDL wait
+}
+
+template <int U>
+__global__ void __launch_bounds__(kStreamThreads, 4) norm_stream_gemv_kernel(StreamGemv p, NormArgs norm) {
+    constexpr int E = stream_chunk<XINFER_DTYPE_BF16>();
+    extern __shared__ __align__(16) __nv_bfloat16 norm_smem[];  // normed [k], then the updated residual [k]
+    __shared__ float red[32];
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int chunks = int(p.k / E), stride = 32 * U;
+    const int rounds_per_row = (chunks + stride - 1) / stride;
+    const int64_t row_step = int64_t(gridDim.x) * kStreamWarps, first_row = int64_t(blockIdx.x) * kStreamWarps + warp;
+    const int64_t my_rows = first_row < p.n ? (p.n - 1 - first_row) / row_step + 1 : 0;
+    const int64_t rounds = my_rows * rounds_per_row;
+    const __nv_bfloat16* x = norm_smem;
+
+    // Two cursors over the warp's rounds, one for loads and one (two rounds behind) for FMAs.
+    struct Cursor {
+        int64_t row;
+        int round;
+        __device__ void advance(int per_row, int64_t step) {
+            if (++round == per_row) round = 0, row += step;
+        }
+    };
+    Cursor at_load{first_row, 0}, at_use{first_row, 0};
+    const auto load_round = [&](uint4 (&raw)[U]) {
+        const char* w_row = static_cast<const char*>(p.w) + at_load.row * p.k * 2;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = lane + at_load.round * stride + u * 32;
+            raw[u] = c < chunks ? load_stream(w_row + int64_t(c) * 16) : make_uint4(0, 0, 0, 0);
+        }
+        at_load.advance(rounds_per_row, row_step);
+    };
+    float acc = 0.f;
+    const auto use_round = [&](const uint4 (&raw)[U]) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = lane + at_use.round * stride + u * 32;
+            if (c >= chunks) break;
+            float w[E], xv[E];
+            widen<XINFER_DTYPE_BF16, E>(raw[u], w);
+            load_x<__nv_bfloat16, E, true>(x, int64_t(c) * E, xv);
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc = fmaf(w[e], xv[e], acc);
+        }
+        if (at_use.round == rounds_per_row - 1) {  // the row's last round: its sum is complete
+            const float total = warp_sum(acc);
+            if (lane == 0) store_f(p.y, p.y_dtype, at_use.row, total);
+            acc = 0.f;
+        }
+        at_use.advance(rounds_per_row, row_step);
+    };
+
+    // Weights are constant: the first two rounds are requested before the previous kernel has
+    // finished, and stay in flight while the block normalises. Then one round ahead of the FMAs.
+    uint4 cur[U], nxt[U];
+    if (rounds > 0) load_round(cur);
+    if (rounds > 1) load_round(nxt);
+    const NormWeights nw = load_norm_first(norm, p.k);
+    pdl_begin();
+    norm_rows_to_shared(norm, p.k, nw, 1, norm_smem, norm_smem + p.k, red);  // ends with a block barrier
+    if (threadIdx.x == 0) red_release_add_gpu(norm.arrivals, 1);
+    for (int64_t r = 0; r < rounds; r += 2) {
+        use_round(cur);
+        if (r + 2 < rounds) load_round(cur);
+        if (r + 1 >= rounds) break;
+        use_round(nxt);
+        if (r + 3 < rounds) load_round(nxt);
+    }
+    store_norm_once_read(norm, p.k, norm_smem, norm_smem + p.k);
+}
+
 // XINFER_CUDA_GEMV_PIPELINE: loads per lane and round of the pipelined bf16 / f32 streaming GEMV
 // (1, 2 or 4); 0 (or any other value) = one round of 8 (R ≥ 8: 4) at a time (A/B). FP8 weights keep
 // one round at a time (their instances use 96-128 registers already). H200, MiMo bf16 batch-1
@@ -711,9 +820,13 @@ constexpr int kFp8MmaParts = 2;  // FP8: two warps per tile, each streaming ever
 constexpr int kBf16MmaParts = 8; // bf16: a block per tile, its 8 warps streaming every 8th round
 
 // p.split = parts: the warps per 16-row tile (1, 2, 4 or 8).
-template <bool kFp8, bool kEarly, bool kF16, typename Shape = MmaGemvRingDefault>
-__global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamGemv p) {
+// kNorm (one row, f16 staging): x is not read; the block normalises the residual itself
+// (norm_rows_to_shared, after the ring's first rounds) and stages `normed` as f16; the end is
+// store_norm_once_read, as in norm_stream_gemv_kernel.
+template <bool kFp8, bool kEarly, bool kF16, typename Shape = MmaGemvRingDefault, bool kNorm = false>
+__global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamGemv p, NormArgs norm) {
     static_assert(kFp8 || !kF16, "the f16 mma is for e4m3 weights");
+    static_assert(!kNorm || kF16, "the norm-fused instance stages normed as f16");
     constexpr int kMmaGemvU = Shape::kU, kMmaGemvRing = Shape::kRing;
     // [warps][kMmaGemvRing][2 · kMmaGemvU][32], then (kF16) x as f16 [rows, K]
     extern __shared__ __align__(16) uint4 mma_ring[];
@@ -764,8 +877,19 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
                     if (const char* a = ahead.address(m)) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         }
     }
+    [[maybe_unused]] NormWeights nw;
+    if constexpr (kNorm) nw = load_norm_first(norm, K);
     pdl_begin();
-    if constexpr (kF16) stage_act_f16(static_cast<const __nv_bfloat16*>(p.x), int(p.rows), K, x_f16, x_inv, x_max);
+    // kNorm: normed [K] and the updated residual [K] after x_f16.
+    [[maybe_unused]] __nv_bfloat16* norm_s = reinterpret_cast<__nv_bfloat16*>(x_f16 + K);
+    if constexpr (kNorm) {
+        __shared__ float red[32];
+        norm_rows_to_shared(norm, K, nw, 1, norm_s, norm_s + K, red);  // ends with a block barrier
+        if (threadIdx.x == 0) red_release_add_gpu(norm.arrivals, 1);
+        stage_act_f16<true>(norm_s, 1, K, x_f16, x_inv, x_max);
+    } else if constexpr (kF16) {
+        stage_act_f16(static_cast<const __nv_bfloat16*>(p.x), int(p.rows), K, x_f16, x_inv, x_max);
+    }
 
     // FP8 scales each chunk's sums into acc; bf16 keeps one accumulator per chunk of a round
     // (independent mma chains), summed at the end.
@@ -805,6 +929,7 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
             if (row < p.n && token < p.rows)
                 store_f(p.y, p.y_dtype, int64_t(token) * p.n + row, acc[i] * (kF16 ? x_inv[token] : 1.f));
         }
+    if constexpr (kNorm) store_norm_once_read(norm, K, norm_s, norm_s + K);
 }
 
 // Whether an FP8 matmul goes to mma_gemv_kernel: the conditions above, x bf16 16-byte aligned,
@@ -861,13 +986,15 @@ int bf16_gemv_ring_shape() {
     static const int forced = env_ring_shape("XINFER_CUDA_BF16_GEMV_RING", {24, 42, 43, 26});
     return forced ? forced : 42;
 }
-// mma_gemv_kernel<kFp8, early ring, kF16> with a ring shape (U·10 + slots; ring_bytes: its size).
-template <bool kFp8, bool kF16>
-void (*early_ring_instance(int shape, size_t* ring_bytes))(StreamGemv) {
+// mma_gemv_kernel<kFp8, early ring, kF16, shape, kNorm> with a ring shape (U·10 + slots;
+// ring_bytes: its size).
+using MmaGemvKernel = void (*)(StreamGemv, NormArgs);
+template <bool kFp8, bool kF16, bool kNorm = false>
+MmaGemvKernel early_ring_instance(int shape, size_t* ring_bytes) {
     const auto take = [&](auto ring) {
         using S = decltype(ring);
         *ring_bytes = S::kBytes;
-        return mma_gemv_kernel<kFp8, true, kF16, S>;
+        return mma_gemv_kernel<kFp8, true, kF16, S, kNorm>;
     };
     switch (shape) {
         case 42: return take(MmaGemvRing<4, 2>{});
@@ -876,9 +1003,14 @@ void (*early_ring_instance(int shape, size_t* ring_bytes))(StreamGemv) {
         default: return take(MmaGemvRingDefault{});
     }
 }
-int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
-    static_assert(MmaGemvRingDefault::kBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
+bool fp8_early_ring_enabled() {
     static const bool early = env_flag("XINFER_CUDA_FP8_EARLY_RING", true);
+    return early;
+}
+// norm: the one-row FP8 norm GEMV (ADD_RMSNORM_MATMUL; fp8_norm_gemv_fits), else null.
+int launch_mma_gemv(Context* c, StreamGemv p, bool fp8, const NormArgs* norm = nullptr) {
+    static_assert(MmaGemvRingDefault::kBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
+    const bool early = fp8_early_ring_enabled();
     const int64_t tiles = ceil_div(p.n, int64_t(16));
     p.split = fp8 ? kFp8MmaParts : kBf16MmaParts;
     const size_t x_f16_bytes = size_t(p.rows) * size_t(p.k) * 2;
@@ -886,16 +1018,39 @@ int launch_mma_gemv(Context* c, StreamGemv p, bool fp8) {
     // The early-ring instances of bf16 and of the f16 mma take their rule's ring shape; the rest
     // keep the default ring.
     size_t ring_bytes = MmaGemvRingDefault::kBytes;
-    const auto kernel = !early ? (!fp8 ? mma_gemv_kernel<false, false, false>
-                                  : f16 ? mma_gemv_kernel<true, false, true>
-                                        : mma_gemv_kernel<true, false, false>)
-                        : !fp8 ? early_ring_instance<false, false>(bf16_gemv_ring_shape(), &ring_bytes)
-                        : f16  ? early_ring_instance<true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
-                               : mma_gemv_kernel<true, true, false>;
-    const size_t smem = ring_bytes + (f16 ? x_f16_bytes : 0);
+    const MmaGemvKernel kernel =
+        norm   ? early_ring_instance<true, true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
+        : !early ? (!fp8 ? mma_gemv_kernel<false, false, false>
+                   : f16 ? mma_gemv_kernel<true, false, true>
+                         : mma_gemv_kernel<true, false, false>)
+        : !fp8 ? early_ring_instance<false, false>(bf16_gemv_ring_shape(), &ring_bytes)
+        : f16  ? early_ring_instance<true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
+               : mma_gemv_kernel<true, true, false>;
+    const size_t smem = ring_bytes + (f16 || norm ? x_f16_bytes : 0) + (norm ? size_t(p.k) * 2 * 2 : 0);
     XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int64_t blocks = ceil_div(tiles, int64_t(kMmaGemvWarps / p.split));
-    return launch_pdl(c, "mma_gemv_kernel", kernel, dim3(unsigned(blocks)), dim3(kMmaGemvWarps * 32), smem, p);
+    return launch_pdl(c, "mma_gemv_kernel", kernel, dim3(unsigned(blocks)), dim3(kMmaGemvWarps * 32), smem, p,
+                      norm ? *norm : NormArgs{});
+}
+
+// Whether the one-row FP8 norm GEMV runs: the f16-mma instance with the early ring would take the
+// matmul, and its blocks (ring, x_f16, normed and the residual in shared memory) fit one wave: the
+// last block waits for every block's arrival before it stores.
+bool fp8_norm_gemv_fits(Context* c, const StreamGemv& p) {
+    if (p.rows != 1 || !fp8_mma_gemv_fits(c, p, true) || !fp8_early_ring_enabled() ||
+        !fp8_f16_mma_enabled(kF16MmaGemv) || size_t(p.k) * 2 > kFp8MmaF16MaxBytes)
+        return false;
+    size_t ring_bytes = 0;
+    const MmaGemvKernel kernel = early_ring_instance<true, true, true>(fp8_gemv_ring_shape(1), &ring_bytes);
+    const size_t smem = ring_bytes + size_t(p.k) * 6;
+    if (smem > c->smem_optin ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
+        return false;
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMmaGemvWarps * 32, smem) != cudaSuccess)
+        return false;
+    const int64_t blocks = ceil_div(ceil_div(p.n, int64_t(16)), int64_t(kMmaGemvWarps / kFp8MmaParts));
+    return blocks <= int64_t(per_sm) * c->sm_count;
 }
 
 // XINFER_CUDA_DENSE_GEMV=0 restores the previous routing (cuBLASLt for bf16/f32 weights, gemv_kernel
@@ -971,6 +1126,25 @@ int launch_norm_stream_gemv(Context* c, StreamGemv p, const NormArgs& n) {
     if (p.rows <= 2) return launch_pdl(c, what, stream_gemv_kernel<f32, bf16, 2, 2, true>, grid, block, smem, p, n);
     if (p.rows <= 4) return launch_pdl(c, what, stream_gemv_kernel<f32, bf16, 4, 2, true>, grid, block, smem, p, n);
     return launch_pdl(c, what, stream_gemv_kernel<f32, bf16, 8, 2, true>, grid, block, smem, p, n);
+}
+
+// The one-row bf16 norm GEMV (norm_stream_gemv_kernel): normed and the updated residual in shared
+// memory, one wave of blocks.
+constexpr size_t kNormGemvMaxSmem = 48 * 1024;
+int launch_norm_row_gemv(Context* c, const StreamGemv& p, const NormArgs& n) {
+    const auto kernel = norm_stream_gemv_kernel<2>;
+    const size_t smem = size_t(p.k) * 2 * 2;
+    static int blocks_per_sm = 0;  // the same on every device of a process's kind
+    if (blocks_per_sm == 0)
+        XCUDA_TRY(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kStreamThreads, smem));
+    if (blocks_per_sm == 0) return XINFER_UNSUPPORTED;
+    // As many row groups for every block (the last one fewer): with 3 or 4 groups a block, the
+    // blocks of 3 finished first and left DRAM a quarter of the time short of requests (H200,
+    // MiMo's q|k|v: 36.1 µs against the plain GEMV's 31.6).
+    const int64_t groups = ceil_div(p.n, kStreamWarps);
+    const int64_t per_block = ceil_div(groups, int64_t(blocks_per_sm) * std::max(c->sm_count, 1));
+    const int64_t blocks = ceil_div(groups, per_block);
+    return launch_pdl(c, "norm_stream_gemv_kernel", kernel, dim3(unsigned(blocks)), dim3(kStreamThreads), smem, p, n);
 }
 
 int launch_stream_gemv(Context* c, StreamGemv p, int w_dtype, int x_dtype) {
@@ -1342,41 +1516,64 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
     return launch_grouped_gemm(c, g, 0);
 }
 
-// ADD_RMSNORM_MATMUL, for a MoE router's shape only: f32 weights (no scales), bf16 residual, x and
-// normed, f32 logits, ≤ 8 rows within kNormRouterMaxSmem, K % 8 == 0 — the norm runs inside the
-// router's streaming GEMV (norm_rows_to_shared), one launch instead of two. Anything else answers
-// unsupported and xinfer runs ADD_RMSNORM (or RMSNORM) and MATMUL. XINFER_CUDA_NORM_ROUTER=0: never
-// (A/B). H200: docs/perf/2026-12-01-h200-session17.md.
+// ADD_RMSNORM_MATMUL where the norm can run inside the streaming GEMV (one launch instead of two):
+//   - a MoE router: f32 weights (no scales), bf16 residual, x and normed, f32 logits, ≤ 8 rows
+//     within kNormRouterMaxSmem, K % 8 == 0: every block normalises (norm_rows_to_shared);
+//   - one row of bf16 weights (a decode step's q|k|v), bf16 or f32 y, K % 8 == 0 within
+//     kNormGemvMaxSmem: the one-wave norm_stream_gemv_kernel.
+// Both need the default GEMV pipeline. Anything else answers unsupported and xinfer runs
+// ADD_RMSNORM (or RMSNORM) and MATMUL. XINFER_CUDA_NORM_ROUTER=0 / XINFER_CUDA_NORM_GEMV=0: never
+// the first / second (A/B). H200: docs/perf/2026-12-01-h200-session17.md (routers).
 int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run) {
     const xinfer_tensor &residual = op->src[0], &x = op->src[1], &norm_w = op->src[2], &w = op->src[3],
                         &w_scale = op->src[4], &y = op->dst[0], &normed = op->dst[1];
-    static const bool enabled = env_flag("XINFER_CUDA_NORM_ROUTER", true);
-    if (!enabled) return unsupported(c, op, "the norm-fused router GEMV is off (XINFER_CUDA_NORM_ROUTER=0)");
+    static const bool router_enabled = env_flag("XINFER_CUDA_NORM_ROUTER", true);
+    static const bool row_enabled = env_flag("XINFER_CUDA_NORM_GEMV", true);
     constexpr int bf16 = XINFER_DTYPE_BF16, f32 = XINFER_DTYPE_F32;
     const int64_t R = rows_of(residual), K = cols_of(residual);
     const bool with_x = !absent(x);
     const auto same_shape = [&](const xinfer_tensor& t) { return rows_of(t) == R && cols_of(t) == K; };
-    const bool shapes_ok = w.rank == 2 && w.shape[1] == K && absent(w_scale) && same_shape(normed) &&
+    const bool fp8 = w.dtype == XINFER_DTYPE_F8_E4M3;
+    const bool shapes_ok = w.rank == 2 && w.shape[1] == K && (fp8 || absent(w_scale)) && same_shape(normed) &&
                            (!with_x || same_shape(x)) && norm_w.rank == 1 && norm_w.shape[0] == K &&
                            w.shape[0] >= 1 && rows_of(y) == R && cols_of(y) == w.shape[0];
-    const bool dtypes_ok = w.dtype == f32 && residual.dtype == bf16 && normed.dtype == bf16 &&
-                           (!with_x || x.dtype == bf16) && (norm_w.dtype == f32 || norm_w.dtype == bf16) &&
-                           y.dtype == f32;
+    const bool acts_ok = residual.dtype == bf16 && normed.dtype == bf16 && (!with_x || x.dtype == bf16) &&
+                         (norm_w.dtype == f32 || norm_w.dtype == bf16);
     const bool aligned = pointer_alignment(residual.data) >= 16 && pointer_alignment(normed.data) >= 16 &&
                          (!with_x || pointer_alignment(x.data) >= 16) && pointer_alignment(w.data) >= 16;
-    if (!shapes_ok || !dtypes_ok || !aligned || K % 8 != 0 || R > kGemvMaxRows ||
-        size_t(R) * size_t(K) * 4 > kNormRouterMaxSmem || gemv_pipeline_depth() != 2)
-        return unsupported(c, op, "only a router's shape is fused (f32 w, bf16 activations, f32 y, ≤ %d rows, "
-                           "rows·K ≤ %zu, the default GEMV pipeline); xinfer runs the norm and the matmul",
-                           kGemvMaxRows, kNormRouterMaxSmem / 4);
-    if (!run || R == 0) return XINFER_OK;
+    const bool common = shapes_ok && acts_ok && aligned && K % 8 == 0 && gemv_pipeline_depth() == 2;
+    const bool router = router_enabled && common && w.dtype == f32 && y.dtype == f32 && R <= kGemvMaxRows &&
+                        size_t(R) * size_t(K) * 4 <= kNormRouterMaxSmem;
+    const bool row = row_enabled && common && w.dtype == bf16 && (y.dtype == bf16 || y.dtype == f32) && R == 1 &&
+                     size_t(K) * 4 <= kNormGemvMaxSmem && w.shape[0] < (int64_t(1) << 31);
     StreamGemv p;
     p.w = w.data;
     p.y = y.data;
-    p.y_dtype = f32;
+    p.y_dtype = y.dtype;
     p.rows = int(R);
     p.n = w.shape[0];
     p.k = K;
+    bool fp8_row = false;
+    if (fp8 && row_enabled && common && is_act(y.dtype) && R == 1 && w_scale.rank == 2 &&
+        w_scale.dtype == f32 && dense_gemv_enabled()) {
+        const int64_t br = op->params.norm_matmul.block_rows > 0 ? op->params.norm_matmul.block_rows : 128;
+        const int64_t bc = op->params.norm_matmul.block_cols > 0 ? op->params.norm_matmul.block_cols : 128;
+        if (fit_scale_grid(p.n, K, br, bc, w_scale.shape[0], w_scale.shape[1], &p.shard_rows, &p.blocks_per_shard)) {
+            p.scale = static_cast<const float*>(w_scale.data);
+            p.scale_cols = w_scale.shape[1];
+            p.block_rows = br;
+            p.block_cols = bc;
+            p.one_scale = bc % 16 == 0;
+            fp8_row = fp8_norm_gemv_fits(c, p);
+        }
+    }
+    if (!router && !row && !fp8_row)
+        return unsupported(c, op, "the norm is fused only for a router (f32 w, bf16 activations, f32 y, ≤ %d rows, "
+                           "rows·K ≤ %zu), one row of bf16 w (K ≤ %zu) or one row of f8_e4m3 w on the one-wave "
+                           "tensor-core GEMV; K %% 8 == 0, the default GEMV pipeline (XINFER_CUDA_NORM_ROUTER / "
+                           "XINFER_CUDA_NORM_GEMV on); xinfer runs the norm and the matmul",
+                           kGemvMaxRows, kNormRouterMaxSmem / 4, kNormGemvMaxSmem / 4);
+    if (!run || R == 0) return XINFER_OK;
     NormArgs n;
     n.residual = residual.data;
     n.delta = with_x ? x.data : nullptr;
@@ -1385,7 +1582,8 @@ int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run) {
     n.eps = op->params.norm_matmul.eps;
     n.normed = normed.data;
     n.arrivals = c->arrivals;
-    return launch_norm_stream_gemv(c, p, n);
+    if (fp8_row) return launch_mma_gemv(c, p, true, &n);
+    return router ? launch_norm_stream_gemv(c, p, n) : launch_norm_row_gemv(c, p, n);
 }
 
 }  // namespace xcuda

@@ -139,6 +139,7 @@ __device__ __forceinline__ int stage_shift(int max_bits) {
     frexpf(m, &exponent);  // m in [2^(exponent - 1), 2^exponent)
     return m > 0.f && m <= 3.4e38f ? max(-120, min(120, 15 - exponent)) : 0;
 }
+template <bool kSharedSrc = false>  // src in shared memory (plain loads), else global (through L2)
 __device__ __forceinline__ void stage_act_f16(const __nv_bfloat16* src, int rows, int64_t K, __half* dst, float* inv,
                                               int* row_max) {
     const int64_t vecs = K / 8, total = int64_t(rows) * vecs;
@@ -149,7 +150,7 @@ __device__ __forceinline__ void stage_act_f16(const __nv_bfloat16* src, int rows
     for (int k = 0; k < kStageVecs; ++k) {
         const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
         if (i >= total) break;
-        v[k] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+        v[k] = kSharedSrc ? reinterpret_cast<const uint4*>(src)[i] : __ldcg(reinterpret_cast<const uint4*>(src) + i);
     }
 #pragma unroll
     for (int k = 0; k < kStageVecs; ++k) {

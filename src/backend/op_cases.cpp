@@ -521,6 +521,10 @@ void add_decode_matmul_cases(std::vector<OpCase>& cases, uint32_t& seed) {
     // 8·128 rows), and partial row and column blocks at three.
     cases.push_back(add_rmsnorm_matmul_case(1, 4096, 14848, DType::f8_e4m3, true, ++seed));
     cases.push_back(add_rmsnorm_matmul_case(3, 4160, 1000, DType::f8_e4m3, true, ++seed));
+    // One FP8 row with enough rows for cuda's tensor-core GEMV (≥ 64 a SM), a partial last tile and
+    // 64-column chunk, with and without x (layer 0): the norm inside mma_gemv_kernel.
+    for (bool with_x : {true, false})
+        cases.push_back(add_rmsnorm_matmul_case(1, 1104, 8464, DType::f8_e4m3, with_x, ++seed));
 }
 
 // Perf: the same shapes at T = 1, 3, 8 (bf16, fp8), lm_head at T = 1 and 8, routers; serving batches.
@@ -896,6 +900,10 @@ std::vector<OpCase> correctness_cases() {
         for (bool with_x : {true, false}) cases.push_back(add_rmsnorm_matmul_case(rows, K, 1280, bf16, with_x, ++seed));
         cases.push_back(add_rmsnorm_matmul_case(rows, K, 8, f32, true, ++seed));
     }
+    // One row of bf16 weights with more row groups of 8 than one wave of blocks holds (on cuda
+    // norm_stream_gemv_kernel's blocks loop over them), a partial last group and partial rounds.
+    for (bool with_x : {true, false}) cases.push_back(add_rmsnorm_matmul_case(1, 1032, 8191, bf16, with_x, ++seed));
+
     // Routers of 256 experts (the real model's; on cuda one block per expert, each normalising the
     // row, the last to arrive storing the residual) and a plain RMSNORM in front of one.
     cases.push_back(add_rmsnorm_matmul_case(1, 4096, 256, f32, true, ++seed));
