@@ -1228,7 +1228,8 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
 //     kNormGemvMaxSmem: the one-wave norm_stream_gemv_kernel.
 // Both need the default GEMV pipeline. Anything else answers unsupported and xinfer runs
 // ADD_RMSNORM (or RMSNORM) and MATMUL. XINFER_CUDA_NORM_ROUTER=0 / XINFER_CUDA_NORM_GEMV=0: never
-// the first / second (A/B). H200: docs/perf/2026-12-01-h200-session17.md (routers).
+// the first / second (A/B). H200: docs/perf/2026-12-01-h200-session17.md (routers),
+// docs/perf/2026-12-03-h200-session30.md (one row).
 int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run) {
     const xinfer_tensor &residual = op->src[0], &x = op->src[1], &norm_w = op->src[2], &w = op->src[3],
                         &w_scale = op->src[4], &y = op->dst[0], &normed = op->dst[1];
