@@ -17,7 +17,8 @@ import sys
 
 OPS = {1: 'EMBEDDING', 2: 'RMSNORM', 3: 'ADD_RMSNORM', 4: 'MATMUL', 5: 'ROPE', 6: 'SWIGLU', 7: 'SCALE',
        8: 'ADD', 9: 'KV_STORE', 10: 'ATTENTION', 11: 'MOE_ROUTE', 12: 'MOE_EXPERTS', 13: 'ARGMAX',
-       14: 'SAMPLE', 15: 'CONVERT', 16: 'ROPE_KV_STORE', 17: 'ADD_RMSNORM_MATMUL'}
+       14: 'SAMPLE', 15: 'CONVERT', 16: 'ROPE_KV_STORE', 17: 'ADD_RMSNORM_MATMUL',
+       18: 'MOE_ROUTE_EXPERTS'}
 
 
 def main(path):

@@ -110,6 +110,13 @@ typedef enum xinfer_op_type {
        Results are those of the two ops: y is computed from normed as stored in dst1's dtype.
        Optional: a backend may answer supports_op = 0 and xinfer runs the two ops instead. */
     XINFER_OP_ADD_RMSNORM_MATMUL = 17,
+    /* the router and the experts as one op: exactly MOE_ROUTE(src1, src2 -> ids, weights) then
+       MOE_EXPERTS(src0, ids, weights, src3..src6 -> dst0), ids and weights kept inside the op
+       src: x[T,H], logits[T,E] f32, bias[E] f32 (opt), gate_up[E,2I,H], down[E,H,I], gate_up_scale
+       (opt), down_scale (opt); dst0: out[T,H]; params.route_experts (the route's, and the scale
+       blocks as MOE_EXPERTS's params.matmul).
+       Optional: a backend may answer supports_op = 0 and xinfer runs the two ops instead. */
+    XINFER_OP_MOE_ROUTE_EXPERTS = 18,
     XINFER_OP_COUNT
 } xinfer_op_type;
 
@@ -177,6 +184,7 @@ typedef struct xinfer_op {
         struct { int32_t block_rows, block_cols; } matmul; /* f8 weight scale blocks */
         xinfer_attention_params attention;
         xinfer_route_params route;
+        struct { xinfer_route_params route; int32_t block_rows, block_cols; } route_experts;
     } params;
     xinfer_attention_batch batch;  /* KV_STORE, ATTENTION, ROPE_KV_STORE */
 } xinfer_op;

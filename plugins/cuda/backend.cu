@@ -542,6 +542,7 @@ int dispatch(Context* c, const xinfer_op* op, bool run) {
         case XINFER_OP_CONVERT: return op_convert(c, op, run);
         case XINFER_OP_ROPE_KV_STORE: return op_rope_kv_store(c, op, run);
         case XINFER_OP_ADD_RMSNORM_MATMUL: return op_add_rmsnorm_matmul(c, op, run);
+        case XINFER_OP_MOE_ROUTE_EXPERTS: return op_moe_route_experts(c, op, run);
         default: return unsupported(c, op, "op type %d is not implemented", op->type);
     }
 }

@@ -207,6 +207,12 @@ int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run);
 // moe_route.cu, moe.cu
 int op_moe_route(Context* c, const xinfer_op* op, bool run);
 int op_moe_experts(Context* c, const xinfer_op* op, bool run);
+int op_moe_route_experts(Context* c, const xinfer_op* op, bool run);
+// MOE_ROUTE's checks of the logits, bias and params (shared with MOE_ROUTE_EXPERTS), and the
+// shared memory one token's routing takes (route_token, moe_route.cuh).
+int check_route(Context* c, const xinfer_op* op, const xinfer_tensor& logits, const xinfer_tensor& bias,
+                const xinfer_route_params& rp);
+size_t route_smem_bytes(int E, const xinfer_route_params& rp);
 // attention.cu
 int op_kv_store(Context* c, const xinfer_op* op, bool run);
 int op_rope_kv_store(Context* c, const xinfer_op* op, bool run);

@@ -28,6 +28,7 @@
 // XINFER_CUDA_MOE_STREAM=0 turns both stream paths off.
 #include "gemm.h"
 #include "moe_common.cuh"
+#include "moe_route.cuh"
 #include "moe_staged.h"
 
 #include "device_utils.cuh"
@@ -379,7 +380,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
                                const void* gate_up /*[E, 2I, H]*/, const float* scale /*[E, srows, scols] or null*/,
                                int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
-                               int64_t H, __nv_bfloat16* h_out /*[P, I]*/) {
+                               int64_t H, __nv_bfloat16* h_out /*[P, I]*/, RouteArgs route) {
     extern __shared__ __align__(16) int plan_smem[];
     // The second half of the warps' partial sums (the half of H they streamed), per 16-row tile.
     __shared__ float partner[kGateTiles][kNT][8][32];
@@ -392,7 +393,15 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
         // One token: block j takes pair j's expert itself, without the plan (its block barriers
         // and shared-memory atomics sat between the PDL wait and the first weight requests). A
         // token's experts are distinct; were two the same, each block would still compute its own pair.
-        e = ids[j];
+        // With route.logits (MOE_ROUTE_EXPERTS) the block routes the token itself first.
+        if (kNT == 1 && route.logits) {
+            const RouteScratch rs = route_scratch_at(reinterpret_cast<char*>(plan_smem) + route.scratch_offset, E,
+                                                     route.params.n_group, top_k);
+            route_token(route.logits, route.bias, E, route.params, rs, false);
+            e = rs.chosen[j];
+        } else {
+            e = ids[j];
+        }
         if (e < 0 || e >= E) return;  // block-uniform; the down kernel poisons the token
         if (threadIdx.x == 0) list[0] = j;
         __syncthreads();
@@ -543,19 +552,45 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     }
 }
 
+// moe_block_plan for one routed token, whose experts are distinct (route_token's ranks): pair j is
+// slot j, of expert chosen[j]; the valid ids come first. One barrier instead of the plan's four.
+__device__ int routed_token_plan(const int* chosen /*[top_k]*/, int top_k, int* cnt, int* end, int* list,
+                                 int* slot_expert) {
+    int nd = 0;
+    while (nd < top_k && chosen[nd] >= 0) ++nd;
+    for (int j = threadIdx.x; j < nd; j += blockDim.x) {
+        const int e = chosen[j];
+        cnt[e] = 1;
+        end[e] = j + 1;
+        list[j] = j;
+        slot_expert[j] = e;
+    }
+    __syncthreads();
+    return nd;
+}
+
 template <bool kFp8, int kNT, int kU, bool kPipe, int kRing>
 __global__ void __launch_bounds__(kDownWarps * 32, 2)
     moe_grouped_down_kernel(const __nv_bfloat16* h /*[P, I]*/, const int32_t* ids /*[T, top_k]*/,
                             const float* weights /*[T, top_k]*/, int T, int top_k, int E,
                             const void* down /*[E, H, I]*/, const float* scale /*[E, srows, scols] or null*/,
                             int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
-                            int64_t H, int k_parts, bool h_in_smem, void* out /*[T, H]*/, int out_dtype) {
+                            int64_t H, int k_parts, bool h_in_smem, void* out /*[T, H]*/, int out_dtype,
+                            RouteArgs route) {
     extern __shared__ __align__(16) int plan_smem[];
     const int P = T * top_k;
+    if (route.logits) {  // MOE_ROUTE_EXPERTS, one token: route it here (the logits are complete, as ids are below)
+        const RouteScratch rs = route_scratch_at(reinterpret_cast<char*>(plan_smem) + route.scratch_offset, E,
+                                                 route.params.n_group, top_k);
+        route_token(route.logits, route.bias, E, route.params, rs, true);
+        ids = rs.chosen;
+        weights = rs.weight;
+    }
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
     float* part = reinterpret_cast<float*>(plan_smem + moe_plan_ints(P, E));  // [k_parts, P, 16]
     uint4* ring_base = reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E) + k_parts * P * 16);
-    const int nd = moe_block_plan(ids, P, E, cnt, end, list, slot_expert);
+    const int nd = route.logits ? routed_token_plan(ids, top_k, cnt, end, list, slot_expert)
+                                : moe_block_plan(ids, P, E, cnt, end, list, slot_expert);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const int64_t n0 = int64_t(blockIdx.x) * 16;
     const int64_t r0 = min(n0 + g, H - 1), r1 = min(n0 + g + 8, H - 1);
@@ -747,7 +782,20 @@ struct GroupedArgs {
     __nv_bfloat16* h;
     void* out;
     int out_dtype;
+    RouteArgs route;  // logits null: ids and weights above (MOE_ROUTE_EXPERTS sets it for one FP8 token)
 };
+
+// Where a kernel that routes keeps one token's routing scratch: `at` bytes into its dynamic shared
+// memory (rounded up to 16), which grows to hold it.
+RouteArgs with_route_scratch(const GroupedArgs& a, size_t& smem, size_t at) {
+    RouteArgs route = a.route;
+    if (route.logits) {
+        at = (at + 15) / 16 * 16;
+        route.scratch_offset = int(at);
+        smem = std::max(smem, at + route_smem_bytes(a.E, route.params));
+    }
+    return route;
+}
 
 // FP8 experts with one token tile (batch-1 decode, verification) stream through the shared-memory
 // rings (stream_rounds_ring): H200, ops-test --perf, 8 experts, one run: T = 1 80.9 -> 69.0 µs,
@@ -833,10 +881,13 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
             kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kFp8 ? 1 : kU / 2, true, 0>;
         }
     }
+    // The routing scratch overlays the ring, which is first written after the block has routed (two
+    // blocks of the 2 x 3 ring fit a SM with 2.7 KB to spare; 256 experts' scratch after it would not).
+    const RouteArgs route = with_route_scratch(a, smem, size_t(moe_ring_offset_ints(P, a.E)) * 4);
     if (int rc = allow_smem(c, kernel, smem)) return rc;
     return launch_pdl(c, "moe_grouped_gate_up_kernel", kernel, grid,
                       dim3(kGateWarps * 32), smem, a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale,
-                      a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h);
+                      a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h, route);
 }
 
 // How many ranges of I the down kernel's warps split each expert into. A block's 8 warps take
@@ -866,12 +917,13 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
             kernel = moe_grouped_down_kernel<kFp8, kNT, kU / (kFp8 ? 4 : 2), true, 0>;
         }
     }
+    const RouteArgs route = with_route_scratch(a, smem, smem);  // after everything: the chosen ids and weights live on
     if (int rc = allow_smem(c, kernel, smem)) return rc;
     return launch_pdl(c, "moe_grouped_down_kernel", kernel,
                       dim3(unsigned(ceil_div(a.H, 16))), dim3(kDownWarps * 32), smem,
                       static_cast<const __nv_bfloat16*>(a.h), a.ids, a.weights, a.T, a.top_k, a.E, a.down,
                       a.down_scale, a.dn_scale_rows, a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, k_parts,
-                      h_in_smem, a.out, a.out_dtype);
+                      h_in_smem, a.out, a.out_dtype, route);
 }
 
 // One token, bf16 experts: every pair has its own expert (a token picks an expert once), so the
@@ -1107,9 +1159,9 @@ bool expert_weight_ok(const xinfer_tensor& w, const xinfer_tensor& scale, int64_
            scale.shape[1] == ceil_div(rows, br) && scale.shape[2] == ceil_div(cols, bc);
 }
 
-}  // namespace
-
-int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
+// MOE_EXPERTS, or with `route` (MOE_ROUTE_EXPERTS) the same with each token routed inside the
+// grouped kernels: op->src[1] and src[2] then only give the ids' and weights' shapes.
+int run_moe_experts(Context* c, const xinfer_op* op, bool run, const RouteArgs* route) {
     const xinfer_tensor &x = op->src[0], &ids = op->src[1], &weights = op->src[2], &gate_up = op->src[3],
                         &down = op->src[4], &gate_up_scale = op->src[5], &down_scale = op->src[6], &out = op->dst[0];
     const auto shapes = [&] {
@@ -1133,6 +1185,32 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
                            "[E, ceil(rows/%lld), ceil(cols/%lld)]",
                            shapes().c_str(), (long long)br, (long long)bc);
     const int64_t P = T * k;
+    const int64_t max_tiles = ceil_div(P, kGemmTileM) + std::min(E, P);
+    const auto* id_data = static_cast<const int32_t*>(ids.data);
+    const bool convert_x = x.dtype != XINFER_DTYPE_BF16;
+
+    // Few tokens (decode, verification, small serving batches), bf16 or fp8 experts: grouped by
+    // expert, each touched expert's weights read once. Chosen while pairs per touched expert stay
+    // few enough for the step to be a weight stream (see moe_grouped_pairs_per_expert).
+    const bool gu_fp8 = gate_up.dtype == XINFER_DTYPE_F8_E4M3, dn_fp8 = down.dtype == XINFER_DTYPE_F8_E4M3;
+    const bool any_fp8 = gu_fp8 || dn_fp8;
+    const int64_t touched = std::min(E, P);
+    const bool grouped = [&] {
+        const bool dtypes_ok = (gate_up.dtype == XINFER_DTYPE_BF16 || gu_fp8) && (down.dtype == XINFER_DTYPE_BF16 || dn_fp8);
+        const int64_t align = any_fp8 ? 16 : 8;  // elements per 16-byte load of the narrowest operand
+        const bool few = P <= kGemvMaxPairs || (touched > 0 && ceil_div(P, touched) <= moe_grouped_pairs_per_expert());
+        const size_t smem_down = size_t(moe_plan_ints(P, E)) * 4 + size_t(P) * 16 * 4;
+        return moe_grouped_enabled() && moe_stream_enabled() && dtypes_ok && few && P <= kGroupedMaxPairs &&
+               H % align == 0 && I % align == 0 &&
+               (!any_fp8 || (br % 16 == 0 && bc % 64 == 0 && col_block_exact(std::max(H, I), bc))) &&
+               pointer_alignment(gate_up.data) >= 16 && pointer_alignment(down.data) >= 16 &&
+               (convert_x || pointer_alignment(x.data) >= 16) && smem_down <= 48 * 1024 &&
+               moe_plan_ints(P, E) * 4 + 16 * 1024 <= 48 * 1024;
+    }();
+    // Routing inside the kernels: one token over FP8 experts on the ring kernels (launch_grouped<1>).
+    if (route && !(T == 1 && gu_fp8 && dn_fp8 && grouped && moe_ring_enabled() && I > 0 && E > 0))
+        return unsupported(c, op, "%s: routing inside the experts takes one token over FP8 experts on the grouped "
+                           "ring kernels", shapes().c_str());
     if (!run || T == 0) return XINFER_OK;
     if (P == 0 || E == 0 || I == 0) {
         XCUDA_TRY(c, cudaMemsetAsync(out.data, 0, size_t(T * H) * dtype_size(out.dtype), c->stream));
@@ -1158,88 +1236,68 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
                               out.data, out.dtype);
     }
 
-    const int64_t max_tiles = ceil_div(P, kGemmTileM) + std::min(E, P);
-    const auto* id_data = static_cast<const int32_t*>(ids.data);
-    const bool convert_x = x.dtype != XINFER_DTYPE_BF16;
-
-    // Few tokens (decode, verification, small serving batches), bf16 or fp8 experts: grouped by
-    // expert, each touched expert's weights read once. Chosen while pairs per touched expert stay
-    // few enough for the step to be a weight stream (see moe_grouped_pairs_per_expert).
-    {
-        const bool gu_fp8 = gate_up.dtype == XINFER_DTYPE_F8_E4M3, dn_fp8 = down.dtype == XINFER_DTYPE_F8_E4M3;
-        const bool any_fp8 = gu_fp8 || dn_fp8;
-        const bool dtypes_ok = (gate_up.dtype == XINFER_DTYPE_BF16 || gu_fp8) && (down.dtype == XINFER_DTYPE_BF16 || dn_fp8);
-        const int64_t align = any_fp8 ? 16 : 8;  // elements per 16-byte load of the narrowest operand
-        const int64_t touched = std::min(E, P);
-        const bool few = P <= kGemvMaxPairs || ceil_div(P, touched) <= moe_grouped_pairs_per_expert();
-        const size_t smem_down = size_t(moe_plan_ints(P, E)) * 4 + size_t(P) * 16 * 4;
-        if (moe_grouped_enabled() && moe_stream_enabled() && dtypes_ok && few && P <= kGroupedMaxPairs &&
-            H % align == 0 && I % align == 0 &&
-            (!any_fp8 || (br % 16 == 0 && bc % 64 == 0 && col_block_exact(std::max(H, I), bc))) &&
-            pointer_alignment(gate_up.data) >= 16 && pointer_alignment(down.data) >= 16 &&
-            (convert_x || pointer_alignment(x.data) >= 16) && smem_down <= 48 * 1024 &&
-            moe_plan_ints(P, E) * 4 + 16 * 1024 <= 48 * 1024) {
-            // 8-pair mma tiles per pass over an expert's weights: enough for the expected busiest
-            // expert (a token picks an expert once, so ≤ T; ~3× the mean otherwise). An expert
-            // with more pairs takes further passes. Beyond one tile, bf16 experts go through
-            // shared memory (moe_staged.cu) in passes of up to 64 pairs.
-            const int64_t busiest = std::min(T, 3 * ceil_div(P, touched));
-            const bool staged = !any_fp8 && busiest > 8 && moe_staged_enabled() && moe_staged_fits(P, E, H, I);
-            ScratchPlan plan;
-            const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
-            const size_t off_h = plan.add(size_t(P * I) * 2);
-            const size_t off_dn = staged ? plan.add(size_t(P * H) * 4) : 0;
-            if (int rc = ensure_scratch(c, plan.total)) return rc;
-            char* s = c->scratch;
-            GroupedArgs a{};
-            a.x = static_cast<const __nv_bfloat16*>(x.data);
-            if (convert_x) {
-                if (int rc = launch_convert(c, x.data, x.dtype, s + off_x, XINFER_DTYPE_BF16, T * H)) return rc;
-                a.x = reinterpret_cast<const __nv_bfloat16*>(s + off_x);
-            }
-            a.ids = id_data;
-            a.weights = static_cast<const float*>(weights.data);
-            a.T = int(T);
-            a.top_k = int(k);
-            a.E = int(E);
-            a.gate_up = gate_up.data;
-            a.down = down.data;
-            if (gu_fp8) {
-                a.gate_up_scale = static_cast<const float*>(gate_up_scale.data);
-                a.gu_scale_rows = gate_up_scale.shape[1];
-                a.gu_scale_cols = gate_up_scale.shape[2];
-            }
-            if (dn_fp8) {
-                a.down_scale = static_cast<const float*>(down_scale.data);
-                a.dn_scale_rows = down_scale.shape[1];
-                a.dn_scale_cols = down_scale.shape[2];
-            }
-            a.block_rows = int(br);
-            a.block_cols = int(bc);
-            a.I = I;
-            a.H = H;
-            a.h = reinterpret_cast<__nv_bfloat16*>(s + off_h);
-            a.out = out.data;
-            a.out_dtype = out.dtype;
-            if (staged)
-                return launch_moe_staged(c, {.x = a.x,
-                                             .ids = a.ids,
-                                             .weights = a.weights,
-                                             .T = a.T,
-                                             .top_k = a.top_k,
-                                             .E = a.E,
-                                             .gate_up = static_cast<const __nv_bfloat16*>(a.gate_up),
-                                             .down = static_cast<const __nv_bfloat16*>(a.down),
-                                             .I = I,
-                                             .H = H,
-                                             .h = a.h,
-                                             .dn = reinterpret_cast<float*>(s + off_dn),
-                                             .out = a.out,
-                                             .out_dtype = a.out_dtype});
-            if (busiest <= 8) return launch_grouped<1>(c, a, gu_fp8, dn_fp8);
-            if (busiest <= 16) return launch_grouped<2>(c, a, gu_fp8, dn_fp8);
-            return launch_grouped<4>(c, a, gu_fp8, dn_fp8);
+    if (grouped) {
+        // 8-pair mma tiles per pass over an expert's weights: enough for the expected busiest
+        // expert (a token picks an expert once, so ≤ T; ~3× the mean otherwise). An expert
+        // with more pairs takes further passes. Beyond one tile, bf16 experts go through
+        // shared memory (moe_staged.cu) in passes of up to 64 pairs.
+        const int64_t busiest = std::min(T, 3 * ceil_div(P, touched));
+        const bool staged = !any_fp8 && busiest > 8 && moe_staged_enabled() && moe_staged_fits(P, E, H, I);
+        ScratchPlan plan;
+        const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
+        const size_t off_h = plan.add(size_t(P * I) * 2);
+        const size_t off_dn = staged ? plan.add(size_t(P * H) * 4) : 0;
+        if (int rc = ensure_scratch(c, plan.total)) return rc;
+        char* s = c->scratch;
+        GroupedArgs a{};
+        a.x = static_cast<const __nv_bfloat16*>(x.data);
+        if (convert_x) {
+            if (int rc = launch_convert(c, x.data, x.dtype, s + off_x, XINFER_DTYPE_BF16, T * H)) return rc;
+            a.x = reinterpret_cast<const __nv_bfloat16*>(s + off_x);
         }
+        a.ids = id_data;
+        a.weights = static_cast<const float*>(weights.data);
+        a.T = int(T);
+        a.top_k = int(k);
+        a.E = int(E);
+        a.gate_up = gate_up.data;
+        a.down = down.data;
+        if (gu_fp8) {
+            a.gate_up_scale = static_cast<const float*>(gate_up_scale.data);
+            a.gu_scale_rows = gate_up_scale.shape[1];
+            a.gu_scale_cols = gate_up_scale.shape[2];
+        }
+        if (dn_fp8) {
+            a.down_scale = static_cast<const float*>(down_scale.data);
+            a.dn_scale_rows = down_scale.shape[1];
+            a.dn_scale_cols = down_scale.shape[2];
+        }
+        a.block_rows = int(br);
+        a.block_cols = int(bc);
+        a.I = I;
+        a.H = H;
+        a.h = reinterpret_cast<__nv_bfloat16*>(s + off_h);
+        a.out = out.data;
+        a.out_dtype = out.dtype;
+        if (route) a.route = *route;
+        if (staged)
+            return launch_moe_staged(c, {.x = a.x,
+                                         .ids = a.ids,
+                                         .weights = a.weights,
+                                         .T = a.T,
+                                         .top_k = a.top_k,
+                                         .E = a.E,
+                                         .gate_up = static_cast<const __nv_bfloat16*>(a.gate_up),
+                                         .down = static_cast<const __nv_bfloat16*>(a.down),
+                                         .I = I,
+                                         .H = H,
+                                         .h = a.h,
+                                         .dn = reinterpret_cast<float*>(s + off_dn),
+                                         .out = a.out,
+                                         .out_dtype = a.out_dtype});
+        if (busiest <= 8) return launch_grouped<1>(c, a, gu_fp8, dn_fp8);
+        if (busiest <= 16) return launch_grouped<2>(c, a, gu_fp8, dn_fp8);
+        return launch_grouped<4>(c, a, gu_fp8, dn_fp8);
     }
 
     // Many pairs (prefill chunks), bf16 or fp8 experts: one cuBLASLt GEMM per expert.
@@ -1436,6 +1494,42 @@ int op_moe_experts(Context* c, const xinfer_op* op, bool run) {
 
     return launch_combine(c, dn, nullptr, id_data, static_cast<const float*>(weights.data), int(k), int(E), T, H,
                           out.data, out.dtype);
+}
+
+// XINFER_CUDA_ROUTE_EXPERTS=0: MOE_ROUTE_EXPERTS answers supports_op 0, so xinfer runs MOE_ROUTE
+// (its own launch) and MOE_EXPERTS (A/B).
+bool route_experts_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_ROUTE_EXPERTS", true);
+    return enabled;
+}
+
+}  // namespace
+
+int op_moe_experts(Context* c, const xinfer_op* op, bool run) { return run_moe_experts(c, op, run, nullptr); }
+
+// One token over FP8 experts: the gate_up kernel's blocks each route the token before their first
+// weight request (instead of reading the ids after the router's own launch), and the down kernel
+// routes it again before its PDL wait for the weights of the combine. Both read the same complete
+// logits and compute the same ranks, so they agree.
+int op_moe_route_experts(Context* c, const xinfer_op* op, bool run) {
+    const xinfer_tensor &logits = op->src[1], &bias = op->src[2];
+    const auto& p = op->params.route_experts;
+    if (!route_experts_enabled()) return unsupported(c, op, "XINFER_CUDA_ROUTE_EXPERTS=0");
+    if (int rc = check_route(c, op, logits, bias, p.route)) return rc;
+    // The experts' op, with ids and weights of the router's shape and no data (the kernels route).
+    xinfer_op experts = *op;
+    experts.type = XINFER_OP_MOE_EXPERTS;
+    experts.src[1] = xinfer_tensor{nullptr, XINFER_DTYPE_I32, 2, {logits.shape[0], p.route.top_k}};
+    experts.src[2] = xinfer_tensor{nullptr, XINFER_DTYPE_F32, 2, {logits.shape[0], p.route.top_k}};
+    experts.params.matmul.block_rows = p.block_rows;
+    experts.params.matmul.block_cols = p.block_cols;
+    const xinfer_tensor& gate_up = op->src[3];
+    if (gate_up.rank != 3 || gate_up.shape[0] != logits.shape[1])
+        return unsupported(c, op, "logits %s must have one column per expert of gate_up %s", shape_str(logits).c_str(),
+                           shape_str(gate_up).c_str());
+    const RouteArgs route{static_cast<const float*>(logits.data),
+                          absent(bias) ? nullptr : static_cast<const float*>(bias.data), p.route, 0};
+    return run_moe_experts(c, &experts, run, &route);
 }
 
 }  // namespace xcuda

@@ -267,6 +267,31 @@ void Backend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
     run(op);
 }
 
+namespace {
+
+xinfer_route_params to_abi(const RouterParams& params) {
+    xinfer_route_params p{};
+    p.scoring = params.scoring == RouterParams::Scoring::sigmoid ? 1 : 0;
+    p.top_k = params.top_k;
+    p.n_group = params.n_group;
+    p.topk_group = params.topk_group;
+    p.norm_topk_prob = params.norm_topk_prob ? 1 : 0;
+    p.routed_scaling_factor = params.routed_scaling_factor;
+    return p;
+}
+
+// The experts' scale blocks: one pair serves both weights (MOE_EXPERTS' params.matmul), so they must agree.
+const BlockScales& expert_blocks(const BlockScales& gate_up_scale, const BlockScales& down_scale) {
+    XINFER_CHECK(gate_up_scale.empty() || down_scale.empty() ||
+                     (gate_up_scale.block_rows == down_scale.block_rows &&
+                      gate_up_scale.block_cols == down_scale.block_cols),
+                 "moe_experts: gate_up scale blocks {}x{} differ from down's {}x{}", gate_up_scale.block_rows,
+                 gate_up_scale.block_cols, down_scale.block_rows, down_scale.block_cols);
+    return gate_up_scale.empty() ? down_scale : gate_up_scale;
+}
+
+}  // namespace
+
 void Backend::moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& params, const Tensor& expert_ids,
                         const Tensor& expert_weights) {
     xinfer_op op = make_op(XINFER_OP_MOE_ROUTE, layer_);
@@ -274,13 +299,7 @@ void Backend::moe_route(const Tensor& logits, const Tensor& bias, const RouterPa
     op.src[1] = to_abi(bias);
     op.dst[0] = to_abi(expert_ids);
     op.dst[1] = to_abi(expert_weights);
-    xinfer_route_params& p = op.params.route;
-    p.scoring = params.scoring == RouterParams::Scoring::sigmoid ? 1 : 0;
-    p.top_k = params.top_k;
-    p.n_group = params.n_group;
-    p.topk_group = params.topk_group;
-    p.norm_topk_prob = params.norm_topk_prob ? 1 : 0;
-    p.routed_scaling_factor = params.routed_scaling_factor;
+    op.params.route = to_abi(params);
     run(op);
 }
 
@@ -294,18 +313,34 @@ void Backend::moe_experts(const Tensor& x, const Tensor& expert_ids, const Tenso
     op.src[3] = to_abi(gate_up);
     op.src[4] = to_abi(down);
     op.dst[0] = to_abi(out);
-    // One params.matmul serves both weights, so their blocks must agree.
-    const BlockScales& blocks = gate_up_scale.empty() ? down_scale : gate_up_scale;
-    XINFER_CHECK(gate_up_scale.empty() || down_scale.empty() ||
-                     (gate_up_scale.block_rows == down_scale.block_rows &&
-                      gate_up_scale.block_cols == down_scale.block_cols),
-                 "moe_experts: gate_up scale blocks {}x{} differ from down's {}x{}", gate_up_scale.block_rows,
-                 gate_up_scale.block_cols, down_scale.block_rows, down_scale.block_cols);
+    const BlockScales& blocks = expert_blocks(gate_up_scale, down_scale);
     if (!gate_up_scale.empty()) op.src[5] = to_abi(gate_up_scale.scale);
     if (!down_scale.empty()) op.src[6] = to_abi(down_scale.scale);
     op.params.matmul.block_rows = blocks.block_rows;
     op.params.matmul.block_cols = blocks.block_cols;
     run(op);
+}
+
+void Backend::moe_route_experts(const Tensor& x, const Tensor& logits, const Tensor& bias, const RouterParams& params,
+                                const Tensor& expert_ids, const Tensor& expert_weights, const Tensor& gate_up,
+                                const Tensor& down, const Tensor& out, const BlockScales& gate_up_scale,
+                                const BlockScales& down_scale) {
+    xinfer_op op = make_op(XINFER_OP_MOE_ROUTE_EXPERTS, layer_);
+    op.src[0] = to_abi(x);
+    op.src[1] = to_abi(logits);
+    op.src[2] = to_abi(bias);
+    op.src[3] = to_abi(gate_up);
+    op.src[4] = to_abi(down);
+    op.dst[0] = to_abi(out);
+    const BlockScales& blocks = expert_blocks(gate_up_scale, down_scale);
+    if (!gate_up_scale.empty()) op.src[5] = to_abi(gate_up_scale.scale);
+    if (!down_scale.empty()) op.src[6] = to_abi(down_scale.scale);
+    op.params.route_experts.route = to_abi(params);
+    op.params.route_experts.block_rows = blocks.block_rows;
+    op.params.route_experts.block_cols = blocks.block_cols;
+    if (supports(op)) return run(op);
+    moe_route(logits, bias, params, expert_ids, expert_weights);
+    moe_experts(x, expert_ids, expert_weights, gate_up, down, out, gate_up_scale, down_scale);
 }
 
 void Backend::argmax(const Tensor& logits, const Tensor& ids) {

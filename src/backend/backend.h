@@ -170,6 +170,14 @@ public:
                      const Tensor& down /*[E, H, I]*/, const Tensor& out /*[T, H]*/,
                      const BlockScales& gate_up_scale = {} /*[E, ceil(2I/br), ceil(H/bc)]*/,
                      const BlockScales& down_scale = {} /*[E, ceil(H/br), ceil(I/bc)]; same blocks as gate_up's*/);
+    // The router and the experts: moe_route into expert_ids / expert_weights, then moe_experts. One
+    // op where the backend has it (on a GPU, the expert kernels route themselves: one launch fewer,
+    // and ids / weights are not written), else those two.
+    void moe_route_experts(const Tensor& x /*[T, H]*/, const Tensor& logits /*[T, E] f32*/,
+                           const Tensor& bias /*[E] f32 or empty*/, const RouterParams& params,
+                           const Tensor& expert_ids /*[T, k] i32*/, const Tensor& expert_weights /*[T, k] f32*/,
+                           const Tensor& gate_up, const Tensor& down, const Tensor& out /*[T, H]*/,
+                           const BlockScales& gate_up_scale = {}, const BlockScales& down_scale = {});
     // ids[r] = argmax of logits row r (lowest index on ties): drafters propose on the device and
     // download ids instead of [rows, vocab] logits.
     void argmax(const Tensor& logits /*[R, V] f32*/, const Tensor& ids /*[R] i32*/);

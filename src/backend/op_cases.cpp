@@ -3,6 +3,7 @@
 // op_cases_attention.cpp.
 #include "backend/op_cases.h"
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kv_fp8.h"
 #include "backend/op_case_builders.h"
 #include "backend/op_desc.h"
@@ -390,6 +391,46 @@ OpCase moe_experts_fp8_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t 
                      });
 }
 
+// The router and the experts as one op (MOE_ROUTE_EXPERTS): router logits and bias as a MoE layer's
+// router gives them (sigmoid + bias as MiMo routes, or softmax), then bf16 or fp8 (128x128 blocks) experts.
+struct RouteExpertsSpec {
+    int64_t T, H, I, E, top_k;
+    bool fp8, sigmoid;
+    uint32_t seed;
+};
+
+OpCase moe_route_experts_case(const RouteExpertsSpec& s) {
+    return make_case(XINFER_OP_MOE_ROUTE_EXPERTS,
+                     fmt::format("moe_route_experts(T={}, H={}, I={}, E={}, top_k={}, w={}, {})", s.T, s.H, s.I, s.E,
+                                 s.top_k, s.fp8 ? "f8_e4m3, blocks=128x128" : "bf16",
+                                 s.sigmoid ? "sigmoid+bias, norm" : "softmax"),
+                     kMoeExperts, [s] {
+                         std::mt19937 rng(s.seed);
+                         CaseData d = start(XINFER_OP_MOE_ROUTE_EXPERTS);
+                         auto& p = d.op.params.route_experts;
+                         p.route.scoring = s.sigmoid ? 1 : 0;
+                         p.route.top_k = int32_t(s.top_k);
+                         p.route.n_group = p.route.topk_group = 1;
+                         p.route.norm_topk_prob = s.sigmoid ? 1 : 0;
+                         p.route.routed_scaling_factor = 1.f;
+                         p.block_rows = p.block_cols = 128;
+                         d.tensors.push_back(act_input("x", src(0), {s.T, s.H}, rng));
+                         d.tensors.push_back(fixed_input("logits", src(1), DType::f32, {s.T, s.E}, rng, -4.f, 4.f));
+                         if (s.sigmoid) d.tensors.push_back(fixed_input("bias", src(2), DType::f32, {s.E}, rng, -0.3f, 0.3f));
+                         const float a_gate = std::sqrt(3.f / float(s.H)) * 2.f, a_down = std::sqrt(3.f / float(s.I));
+                         if (s.fp8) {
+                             push_fp8_expert(d, "gate_up", 3, 5, s.E, 2 * s.I, s.H, 128, 128, a_gate, rng);
+                             push_fp8_expert(d, "down", 4, 6, s.E, s.H, s.I, 128, 128, a_down, rng);
+                         } else {
+                             d.tensors.push_back(fixed_input("gate_up", src(3), DType::bf16, {s.E, 2 * s.I, s.H}, rng,
+                                                             -a_gate, a_gate));
+                             d.tensors.push_back(fixed_input("down", src(4), DType::bf16, {s.E, s.H, s.I}, rng, -a_down, a_down));
+                         }
+                         d.tensors.push_back(act_output("out", dst(0), {s.T, s.H}));
+                         return d;
+                     });
+}
+
 // ---- dense few-token matmuls (plugins/cuda/gemm.cu stream_gemv_kernel) ------------------------------
 
 // A dense f8_e4m3 weight [N, K] in src slot `weight_slot`, with f32 block scales [shards ·
@@ -720,6 +761,10 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_route_case({100, 8, false, false, 1, 1, 2, false, 1.f, false, ++seed}));
     cases.push_back(moe_route_case({9, 160, false, false, 10, 4, 6, true, 1.f, false, ++seed}));
     cases.push_back(moe_route_case({20, 64, true, true, 1, 1, 8, true, 1.f, true, ++seed}));
+    // Top-k over chunks of 32 experts (cuda route_token): a partial last chunk, top_k past 32, ties across chunks.
+    cases.push_back(moe_route_case({3, 300, false, false, 1, 1, 40, true, 1.f, false, ++seed}));
+    cases.push_back(moe_route_case({6, 256, true, true, 1, 1, 8, true, 2.5f, true, ++seed}));
+    cases.push_back(moe_route_case({2, 1000, false, true, 1, 1, 64, false, 1.f, true, ++seed}));
 
     // Experts: decode and prefill-sized pair counts, odd widths, f32 experts.
     cases.push_back(moe_experts_case(1, 256, 128, 16, 4, bf16, ++seed));
@@ -889,6 +934,13 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_experts_fp8_case(1, 256, 2064, 4, 2, 128, 128, ++seed));
     cases.push_back(moe_experts_fp8_case(1, 192, 320, 16, 3, 64, 64, ++seed));
     cases.push_back(moe_experts_case(24, 1032, 520, 8, 4, bf16, ++seed));
+    // The router and the experts as one op: one fp8 token (on cuda the expert kernels route it
+    // themselves: 8 of 8 experts as the bench model, 8 of 256 and 40 of 300 with a partial chunk of
+    // 32, softmax scoring), and shapes the cuda plugin leaves to the two ops (three tokens, bf16).
+    for (auto [E, top_k, sigmoid] : {std::tuple{8, 8, true}, std::tuple{256, 8, true}, std::tuple{300, 40, false}})
+        cases.push_back(moe_route_experts_case({1, 272, 208, E, top_k, true, sigmoid, ++seed}));
+    cases.push_back(moe_route_experts_case({3, 272, 208, 16, 4, true, true, ++seed}));
+    cases.push_back(moe_route_experts_case({1, 264, 136, 8, 3, false, false, ++seed}));
     // Prefill-sized batches (≥ 2,048 pairs: one cuBLASLt GEMM per expert on cuda, FP8 experts
     // widened to bf16 first).
     cases.push_back(moe_experts_case(300, 264, 136, 8, 8, bf16, ++seed));
@@ -998,6 +1050,8 @@ std::vector<OpCase> perf_cases() {
     cases.push_back(moe_experts_case(2, hidden, 2048, 8, 8, bf16, ++seed));
     cases.push_back(moe_experts_case(32, hidden, 2048, 32, 8, bf16, ++seed));
     for (int T : {1, 2, 4, 8}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 8, 8, 128, 128, ++seed));
+    // ... and one FP8 token routed inside the op, over the bench model's 8 experts and MiMo's 256.
+    for (int E : {8, 256}) cases.push_back(moe_route_experts_case({1, hidden, 2048, E, 8, true, true, ++seed}));
     for (int T : {8, 16, 32, 64}) cases.push_back(moe_experts_fp8_case(T, hidden, 2048, 32, 8, 128, 128, ++seed));
     cases.push_back(moe_experts_fp8_case(1, hidden, 2048, 256, 8, 128, 128, ++seed));
     // A 4,096-token prefill chunk of the bench models' experts (plugins/cuda/moe.cu: one cuBLASLt
@@ -1309,6 +1363,40 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
                 }
                 if (hi >= lo) cost.bytes += double(hi - lo + 1) * key_bytes;  // each visible key read once
             }
+            break;
+        }
+        case XINFER_OP_MOE_ROUTE_EXPERTS: {
+            // The experts the router picks (routed here on the host, as the reference does), their
+            // weights read once; the logits and bias read, ids and weights never written.
+            const xinfer_tensor &x = op.src[0], &logits = op.src[1], &gate_up = op.src[3], &down = op.src[4];
+            const CaseTensor* logit_values = find_slot(data, Slot::src, 1);
+            const CaseTensor* bias_values = find_slot(data, Slot::src, 2);
+            const xinfer_route_params& rp = op.params.route_experts.route;
+            const int64_t T = logits.shape[0], E = logits.shape[1];
+            std::vector<char> touched(size_t(E), 0);
+            if (logit_values) {
+                std::vector<float> lv = logit_values->values, bv = bias_values ? bias_values->values : std::vector<float>{};
+                std::vector<int32_t> ids(size_t(T * rp.top_k));
+                std::vector<float> weights(ids.size());
+                RouterParams params;
+                params.scoring = rp.scoring == 1 ? RouterParams::Scoring::sigmoid : RouterParams::Scoring::softmax;
+                params.top_k = rp.top_k;
+                params.n_group = rp.n_group;
+                params.topk_group = rp.topk_group;
+                params.norm_topk_prob = rp.norm_topk_prob != 0;
+                params.routed_scaling_factor = rp.routed_scaling_factor;
+                cpu::moe_route(Tensor(lv.data(), DType::f32, {T, E}), bv.empty() ? Tensor() : Tensor(bv.data(), DType::f32, {E}),
+                               params, Tensor(ids.data(), DType::i32, {T, rp.top_k}),
+                               Tensor(weights.data(), DType::f32, {T, rp.top_k}));
+                for (int32_t e : ids)
+                    if (e >= 0 && e < E) touched[size_t(e)] = 1;
+            }
+            const double experts = double(std::count(touched.begin(), touched.end(), 1));
+            cost.bytes = bytes(x) + bytes(logits) + bytes(op.src[2]) + bytes(op.dst[0]) +
+                         experts * (bytes(gate_up) + bytes(down) + bytes(op.src[5]) + bytes(op.src[6])) /
+                             double(gate_up.shape[0]);
+            const double H = double(x.shape[1]), I = double(gate_up.shape[1]) / 2;
+            cost.flops = 2.0 * double(T * rp.top_k) * (2 * I * H + H * I);
             break;
         }
         case XINFER_OP_MOE_EXPERTS: {

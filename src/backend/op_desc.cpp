@@ -55,6 +55,7 @@ const char* op_type_name(int type) {
         case XINFER_OP_CONVERT: return "convert";
         case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
         case XINFER_OP_ADD_RMSNORM_MATMUL: return "add_rmsnorm_matmul";
+        case XINFER_OP_MOE_ROUTE_EXPERTS: return "moe_route_experts";
         default: return "unknown";
     }
 }
@@ -87,6 +88,8 @@ Roles roles_of(int type) {
         case XINFER_OP_CONVERT: return {{"src"}, {"dst"}};
         case XINFER_OP_ROPE_KV_STORE: return {{"k", "v", "k_cache", "v_cache", "q", "positions"}, {}};
         case XINFER_OP_ADD_RMSNORM_MATMUL: return {{"residual", "x", "norm_weight", "w", "w_scale"}, {"y", "normed"}};
+        case XINFER_OP_MOE_ROUTE_EXPERTS:
+            return {{"x", "logits", "bias", "gate_up", "down", "gate_up_scale", "down_scale"}, {"out"}};
         default: return {};
     }
 }

@@ -565,11 +565,17 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
             Tensor expert_ids = scratch.make(DType::i32, {n_tokens, top_k});
             Tensor expert_weights = scratch.make(DType::f32, {n_tokens, top_k});
             tap("router_logits", layer, router_logits);
-            backend_.moe_route(router_logits, w.router_bias, config_.router, expert_ids, expert_weights);
-            tap("expert_ids", layer, expert_ids);
-            tap("expert_weights", layer, expert_weights);
-            backend_.moe_experts(normed, expert_ids, expert_weights, w.experts_gate_up, w.experts_down, block_out,
-                                 w.experts_gate_up_scale, w.experts_down_scale);
+            if (batch.tap) {  // the routing as its own op, so that its ids and weights can be tapped
+                backend_.moe_route(router_logits, w.router_bias, config_.router, expert_ids, expert_weights);
+                tap("expert_ids", layer, expert_ids);
+                tap("expert_weights", layer, expert_weights);
+                backend_.moe_experts(normed, expert_ids, expert_weights, w.experts_gate_up, w.experts_down, block_out,
+                                     w.experts_gate_up_scale, w.experts_down_scale);
+            } else {
+                backend_.moe_route_experts(normed, router_logits, w.router_bias, config_.router, expert_ids,
+                                           expert_weights, w.experts_gate_up, w.experts_down, block_out,
+                                           w.experts_gate_up_scale, w.experts_down_scale);
+            }
         }
         tap("ffn_output", layer, block_out);
     }

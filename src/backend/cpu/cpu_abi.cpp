@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace xinfer::cpu {
 namespace {
@@ -48,8 +49,7 @@ AttentionParams attention_params(const xinfer_op& op) {
     return out;
 }
 
-RouterParams router_params(const xinfer_op& op) {
-    const xinfer_route_params& p = op.params.route;
+RouterParams router_params(const xinfer_route_params& p) {
     RouterParams out;
     out.scoring = p.scoring == 1 ? RouterParams::Scoring::sigmoid : RouterParams::Scoring::softmax;
     out.top_k = p.top_k;
@@ -101,11 +101,24 @@ void dispatch(const xinfer_op& op) {
                      "scales in their pages)",
                      op.params.attention.k_scale, op.params.attention.v_scale);
             return attention(src(0), src(1), src(2), src(3), attention_batch(op), attention_params(op), dst(0));
-        case XINFER_OP_MOE_ROUTE: return moe_route(src(0), src(1), router_params(op), dst(0), dst(1));
+        case XINFER_OP_MOE_ROUTE: return moe_route(src(0), src(1), router_params(op.params.route), dst(0), dst(1));
         case XINFER_OP_MOE_EXPERTS:
             return moe_experts(src(0), src(1), src(2), src(3), src(4), dst(0), src(5), src(6),
                                op.params.matmul.block_rows > 0 ? op.params.matmul.block_rows : 128,
                                op.params.matmul.block_cols > 0 ? op.params.matmul.block_cols : 128);
+        case XINFER_OP_MOE_ROUTE_EXPERTS: {  // the two ops it stands for (backend_abi.h), ids and weights on the side
+            const auto& p = op.params.route_experts;
+            const Tensor logits = src(1);
+            if (logits.rank != 2) fail("cpu: moe_route_experts logits must be [T, E], got rank {}", logits.rank);
+            const int64_t T = logits.dim(0), k = p.route.top_k;
+            if (k < 1) fail("cpu: moe_route_experts top_k {} must be at least 1", k);
+            std::vector<int32_t> ids(size_t(T * k));
+            std::vector<float> weights(size_t(T * k));
+            const Tensor id_tensor(ids.data(), DType::i32, {T, k}), weight_tensor(weights.data(), DType::f32, {T, k});
+            moe_route(logits, src(2), router_params(p.route), id_tensor, weight_tensor);
+            return moe_experts(src(0), id_tensor, weight_tensor, src(3), src(4), dst(0), src(5), src(6),
+                               p.block_rows > 0 ? p.block_rows : 128, p.block_cols > 0 ? p.block_cols : 128);
+        }
         case XINFER_OP_ARGMAX: return argmax(src(0), dst(0));
         case XINFER_OP_SAMPLE: return sample(src(0), src(1), src(2), src(3), src(4), dst(0));
         default: fail("cpu: unknown op type {}", op.type);
