@@ -1029,6 +1029,19 @@ bool fit_scale_grid(int64_t N, int64_t K, int64_t br, int64_t bc, int64_t scale_
     return false;
 }
 
+// The f8 block-scale fields of a streaming GEMV: scales [rows, cols] f32 in blocks of br × bc, in
+// the shards fit_scale_grid found.
+void set_stream_scales(StreamGemv& p, const xinfer_tensor& w_scale, int64_t br, int64_t bc, int64_t shard_rows,
+                       int64_t blocks_per_shard) {
+    p.scale = static_cast<const float*>(w_scale.data);
+    p.scale_cols = w_scale.shape[1];
+    p.block_rows = br;
+    p.block_cols = bc;
+    p.shard_rows = shard_rows;
+    p.blocks_per_shard = blocks_per_shard;
+    p.one_scale = bc % 16 == 0;
+}
+
 __global__ void widen_fp8_kernel(const uint8_t* w /*[N, K]*/, const float* scale, int64_t N, int64_t K,
                                  int64_t scale_cols, int64_t block_rows, int64_t block_cols, int64_t shard_rows,
                                  int64_t blocks_per_shard, __nv_bfloat16* out /*[N, K]*/) {
@@ -1135,13 +1148,7 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
             p.k = K;
             if (bf16_mma) return launch_mma_gemv(c, p, false);
             if (fp8) {
-                p.scale = static_cast<const float*>(w_scale.data);
-                p.scale_cols = w_scale.shape[1];
-                p.block_rows = br;
-                p.block_cols = bc;
-                p.shard_rows = shard_rows;
-                p.blocks_per_shard = blocks_per_shard;
-                p.one_scale = bc % 16 == 0;
+                set_stream_scales(p, w_scale, br, bc, shard_rows, blocks_per_shard);
                 if (fp8_mma_gemv_fits(c, p, x_aligned)) return launch_mma_gemv(c, p, true);
             }
             return launch_stream_gemv(c, p, w.dtype, stream_x);
@@ -1264,12 +1271,9 @@ int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run) {
         w_scale.dtype == f32 && dense_gemv_enabled()) {
         const int64_t br = op->params.norm_matmul.block_rows > 0 ? op->params.norm_matmul.block_rows : 128;
         const int64_t bc = op->params.norm_matmul.block_cols > 0 ? op->params.norm_matmul.block_cols : 128;
-        if (fit_scale_grid(p.n, K, br, bc, w_scale.shape[0], w_scale.shape[1], &p.shard_rows, &p.blocks_per_shard)) {
-            p.scale = static_cast<const float*>(w_scale.data);
-            p.scale_cols = w_scale.shape[1];
-            p.block_rows = br;
-            p.block_cols = bc;
-            p.one_scale = bc % 16 == 0;
+        int64_t shard_rows = 0, blocks_per_shard = 0;
+        if (fit_scale_grid(p.n, K, br, bc, w_scale.shape[0], w_scale.shape[1], &shard_rows, &blocks_per_shard)) {
+            set_stream_scales(p, w_scale, br, bc, shard_rows, blocks_per_shard);
             fp8_row = fp8_norm_gemv_fits(c, p);
         }
     }
