@@ -881,8 +881,9 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
             kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kFp8 ? 1 : kU / 2, true, 0>;
         }
     }
-    // The routing scratch overlays the ring, which is first written after the block has routed (two
-    // blocks of the 2 x 3 ring fit a SM with 2.7 KB to spare; 256 experts' scratch after it would not).
+    // The routing scratch overlays the ring, which is first written after the block has routed. Two
+    // blocks of the 2 x 3 ring nearly fill a SM's shared memory: 256 experts' 2.7 KB of scratch after
+    // the ring left one block a SM (docs/perf/2026-12-03-h200-session31.md).
     const RouteArgs route = with_route_scratch(a, smem, size_t(moe_ring_offset_ints(P, a.E)) * 4);
     if (int rc = allow_smem(c, kernel, smem)) return rc;
     return launch_pdl(c, "moe_grouped_gate_up_kernel", kernel, grid,
@@ -1159,8 +1160,9 @@ bool expert_weight_ok(const xinfer_tensor& w, const xinfer_tensor& scale, int64_
            scale.shape[1] == ceil_div(rows, br) && scale.shape[2] == ceil_div(cols, bc);
 }
 
-// MOE_EXPERTS, or with `route` (MOE_ROUTE_EXPERTS) the same with each token routed inside the
-// grouped kernels: op->src[1] and src[2] then only give the ids' and weights' shapes.
+}  // namespace
+
+// MOE_EXPERTS, or MOE_ROUTE_EXPERTS' experts with `route` (see moe_route.cuh).
 int run_moe_experts(Context* c, const xinfer_op* op, bool run, const RouteArgs* route) {
     const xinfer_tensor &x = op->src[0], &ids = op->src[1], &weights = op->src[2], &gate_up = op->src[3],
                         &down = op->src[4], &gate_up_scale = op->src[5], &down_scale = op->src[6], &out = op->dst[0];
@@ -1496,40 +1498,6 @@ int run_moe_experts(Context* c, const xinfer_op* op, bool run, const RouteArgs* 
                           out.data, out.dtype);
 }
 
-// XINFER_CUDA_ROUTE_EXPERTS=0: MOE_ROUTE_EXPERTS answers supports_op 0, so xinfer runs MOE_ROUTE
-// (its own launch) and MOE_EXPERTS (A/B).
-bool route_experts_enabled() {
-    static const bool enabled = env_flag("XINFER_CUDA_ROUTE_EXPERTS", true);
-    return enabled;
-}
-
-}  // namespace
-
 int op_moe_experts(Context* c, const xinfer_op* op, bool run) { return run_moe_experts(c, op, run, nullptr); }
-
-// One token over FP8 experts: the gate_up kernel's blocks each route the token before their first
-// weight request (instead of reading the ids after the router's own launch), and the down kernel
-// routes it again before its PDL wait for the weights of the combine. Both read the same complete
-// logits and compute the same ranks, so they agree.
-int op_moe_route_experts(Context* c, const xinfer_op* op, bool run) {
-    const xinfer_tensor &logits = op->src[1], &bias = op->src[2];
-    const auto& p = op->params.route_experts;
-    if (!route_experts_enabled()) return unsupported(c, op, "XINFER_CUDA_ROUTE_EXPERTS=0");
-    if (int rc = check_route(c, op, logits, bias, p.route)) return rc;
-    // The experts' op, with ids and weights of the router's shape and no data (the kernels route).
-    xinfer_op experts = *op;
-    experts.type = XINFER_OP_MOE_EXPERTS;
-    experts.src[1] = xinfer_tensor{nullptr, XINFER_DTYPE_I32, 2, {logits.shape[0], p.route.top_k}};
-    experts.src[2] = xinfer_tensor{nullptr, XINFER_DTYPE_F32, 2, {logits.shape[0], p.route.top_k}};
-    experts.params.matmul.block_rows = p.block_rows;
-    experts.params.matmul.block_cols = p.block_cols;
-    const xinfer_tensor& gate_up = op->src[3];
-    if (gate_up.rank != 3 || gate_up.shape[0] != logits.shape[1])
-        return unsupported(c, op, "logits %s must have one column per expert of gate_up %s", shape_str(logits).c_str(),
-                           shape_str(gate_up).c_str());
-    const RouteArgs route{static_cast<const float*>(logits.data),
-                          absent(bias) ? nullptr : static_cast<const float*>(bias.data), p.route, 0};
-    return run_moe_experts(c, &experts, run, &route);
-}
 
 }  // namespace xcuda

@@ -1,4 +1,5 @@
-// The MoE router on the device (MOE_ROUTE): scores, group-limited top-k and the routing weights.
+// The MoE router on the device (MOE_ROUTE): scores, group-limited top-k and the routing weights;
+// and MOE_ROUTE_EXPERTS' entry, whose expert kernels (moe.cu) route one token themselves.
 #include "common.h"
 #include "device_utils.cuh"
 #include "moe_route.cuh"
@@ -65,6 +66,37 @@ int op_moe_route(Context* c, const xinfer_op* op, bool run) {
                       static_cast<const float*>(logits.data),
                       absent(bias) ? nullptr : static_cast<const float*>(bias.data), int(E), rp,
                       static_cast<int32_t*>(ids.data), static_cast<float*>(weights.data));
+}
+
+// XINFER_CUDA_ROUTE_EXPERTS=0: MOE_ROUTE_EXPERTS answers supports_op 0, so xinfer runs MOE_ROUTE
+// (its own launch) and MOE_EXPERTS (A/B).
+bool route_experts_enabled() {
+    static const bool enabled = env_flag("XINFER_CUDA_ROUTE_EXPERTS", true);
+    return enabled;
+}
+
+// One token over FP8 experts (moe.cu): the gate_up kernel's blocks each route the token before
+// their first weight request (instead of reading the ids after the router's own launch), and the
+// down kernel routes it again before its PDL wait, for its plan and the combine's weights. Both
+// read the same complete logits and compute the same ranks, so they agree.
+int op_moe_route_experts(Context* c, const xinfer_op* op, bool run) {
+    const xinfer_tensor &logits = op->src[1], &bias = op->src[2], &gate_up = op->src[3];
+    const auto& p = op->params.route_experts;
+    if (!route_experts_enabled()) return unsupported(c, op, "XINFER_CUDA_ROUTE_EXPERTS=0");
+    if (int rc = check_route(c, op, logits, bias, p.route)) return rc;
+    if (gate_up.rank != 3 || gate_up.shape[0] != logits.shape[1])
+        return unsupported(c, op, "logits %s must have one column per expert of gate_up %s", shape_str(logits).c_str(),
+                           shape_str(gate_up).c_str());
+    // The experts' op, with ids and weights of the router's shape and no data (the kernels route).
+    xinfer_op experts = *op;
+    experts.type = XINFER_OP_MOE_EXPERTS;
+    experts.src[1] = xinfer_tensor{nullptr, XINFER_DTYPE_I32, 2, {logits.shape[0], p.route.top_k}};
+    experts.src[2] = xinfer_tensor{nullptr, XINFER_DTYPE_F32, 2, {logits.shape[0], p.route.top_k}};
+    experts.params.matmul.block_rows = p.block_rows;
+    experts.params.matmul.block_cols = p.block_cols;
+    const RouteArgs route{static_cast<const float*>(logits.data),
+                          absent(bias) ? nullptr : static_cast<const float*>(bias.data), p.route, 0};
+    return run_moe_experts(c, &experts, run, &route);
 }
 
 }  // namespace xcuda

@@ -2,6 +2,7 @@
 // for the expert kernels that route a token themselves (MOE_ROUTE_EXPERTS, moe.cu).
 #pragma once
 
+#include "common.h"
 #include "device_utils.cuh"
 
 #include <xinfer/backend_abi.h>
@@ -196,5 +197,9 @@ struct RouteArgs {
     xinfer_route_params params;
     int scratch_offset;   // bytes into the kernel's dynamic shared memory (16-byte aligned)
 };
+
+// MOE_EXPERTS (moe.cu); with `route`, each token routed inside the grouped kernels instead of read
+// from op->src[1..2], which then only give the ids' and weights' shapes (MOE_ROUTE_EXPERTS).
+int run_moe_experts(Context* c, const xinfer_op* op, bool run, const RouteArgs* route);
 
 }  // namespace xcuda
