@@ -267,8 +267,6 @@ void Backend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
     run(op);
 }
 
-namespace {
-
 xinfer_route_params to_abi(const RouterParams& params) {
     xinfer_route_params p{};
     p.scoring = params.scoring == RouterParams::Scoring::sigmoid ? 1 : 0;
@@ -279,6 +277,19 @@ xinfer_route_params to_abi(const RouterParams& params) {
     p.routed_scaling_factor = params.routed_scaling_factor;
     return p;
 }
+
+RouterParams router_params(const xinfer_route_params& p) {
+    RouterParams out;
+    out.scoring = p.scoring == 1 ? RouterParams::Scoring::sigmoid : RouterParams::Scoring::softmax;
+    out.top_k = p.top_k;
+    out.n_group = p.n_group;
+    out.topk_group = p.topk_group;
+    out.norm_topk_prob = p.norm_topk_prob != 0;
+    out.routed_scaling_factor = p.routed_scaling_factor;
+    return out;
+}
+
+namespace {
 
 // The experts' scale blocks: one pair serves both weights (MOE_EXPERTS' params.matmul), so they must agree.
 const BlockScales& expert_blocks(const BlockScales& gate_up_scale, const BlockScales& down_scale) {

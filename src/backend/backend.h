@@ -74,6 +74,9 @@ struct RouterParams {
     // The optional correction bias (e_score_correction_bias) is added to the scores for
     // *selection only*; weights come from the unbiased scores.
 };
+// RouterParams as the ABI's xinfer_route_params, and back.
+xinfer_route_params to_abi(const RouterParams& params);
+RouterParams router_params(const xinfer_route_params& p);
 
 // The block scales of an f8_e4m3 weight matrix: W[r, c] = fp8(W8[r, c]) · scale[r / block_rows, c / block_cols],
 // a contiguous grid (partial edge blocks at the bottom/right; per expert for stacked experts). Empty

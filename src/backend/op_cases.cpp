@@ -1379,15 +1379,8 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
                 std::vector<float> lv = logit_values->values, bv = bias_values ? bias_values->values : std::vector<float>{};
                 std::vector<int32_t> ids(size_t(T * rp.top_k));
                 std::vector<float> weights(ids.size());
-                RouterParams params;
-                params.scoring = rp.scoring == 1 ? RouterParams::Scoring::sigmoid : RouterParams::Scoring::softmax;
-                params.top_k = rp.top_k;
-                params.n_group = rp.n_group;
-                params.topk_group = rp.topk_group;
-                params.norm_topk_prob = rp.norm_topk_prob != 0;
-                params.routed_scaling_factor = rp.routed_scaling_factor;
                 cpu::moe_route(Tensor(lv.data(), DType::f32, {T, E}), bv.empty() ? Tensor() : Tensor(bv.data(), DType::f32, {E}),
-                               params, Tensor(ids.data(), DType::i32, {T, rp.top_k}),
+                               router_params(rp), Tensor(ids.data(), DType::i32, {T, rp.top_k}),
                                Tensor(weights.data(), DType::f32, {T, rp.top_k}));
                 for (int32_t e : ids)
                     if (e >= 0 && e < E) touched[size_t(e)] = 1;

@@ -49,17 +49,6 @@ AttentionParams attention_params(const xinfer_op& op) {
     return out;
 }
 
-RouterParams router_params(const xinfer_route_params& p) {
-    RouterParams out;
-    out.scoring = p.scoring == 1 ? RouterParams::Scoring::sigmoid : RouterParams::Scoring::softmax;
-    out.top_k = p.top_k;
-    out.n_group = p.n_group;
-    out.topk_group = p.topk_group;
-    out.norm_topk_prob = p.norm_topk_prob != 0;
-    out.routed_scaling_factor = p.routed_scaling_factor;
-    return out;
-}
-
 // Runs one op; throws Error on bad arguments (the kernels validate) or unsupported variants.
 void dispatch(const xinfer_op& op) {
     auto src = [&](int i) { return from_abi(op.src[i]); };
