@@ -552,23 +552,6 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     }
 }
 
-// moe_block_plan for one routed token, whose experts are distinct (route_token's ranks): pair j is
-// slot j, of expert chosen[j]; the valid ids come first. One barrier instead of the plan's four.
-__device__ int routed_token_plan(const int* chosen /*[top_k]*/, int top_k, int* cnt, int* end, int* list,
-                                 int* slot_expert) {
-    int nd = 0;
-    while (nd < top_k && chosen[nd] >= 0) ++nd;
-    for (int j = threadIdx.x; j < nd; j += blockDim.x) {
-        const int e = chosen[j];
-        cnt[e] = 1;
-        end[e] = j + 1;
-        list[j] = j;
-        slot_expert[j] = e;
-    }
-    __syncthreads();
-    return nd;
-}
-
 template <bool kFp8, int kNT, int kU, bool kPipe, int kRing>
 __global__ void __launch_bounds__(kDownWarps * 32, 2)
     moe_grouped_down_kernel(const __nv_bfloat16* h /*[P, I]*/, const int32_t* ids /*[T, top_k]*/,

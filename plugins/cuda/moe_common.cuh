@@ -68,6 +68,23 @@ __device__ int moe_block_plan(const int32_t* ids, int P, int E, int* cnt /*[E]*/
     return nd;
 }
 
+// moe_block_plan for one routed token, whose experts are distinct (route_token's ranks): pair j is
+// slot j, of expert chosen[j]; the valid ids come first. One barrier instead of the plan's four.
+__device__ int routed_token_plan(const int* chosen /*[top_k]*/, int top_k, int* cnt, int* end, int* list,
+                                 int* slot_expert) {
+    int nd = 0;
+    while (nd < top_k && chosen[nd] >= 0) ++nd;
+    for (int j = threadIdx.x; j < nd; j += blockDim.x) {
+        const int e = chosen[j];
+        cnt[e] = 1;
+        end[e] = j + 1;
+        list[j] = j;
+        slot_expert[j] = e;
+    }
+    __syncthreads();
+    return nd;
+}
+
 // Shared memory of the plan, in ints.
 __host__ __device__ inline int64_t moe_plan_ints(int64_t P, int64_t E) { return 2 * E + P + (P < E ? P : E); }
 

@@ -291,13 +291,21 @@ RouterParams router_params(const xinfer_route_params& p) {
 
 namespace {
 
-// The experts' scale blocks: one pair serves both weights (MOE_EXPERTS' params.matmul), so they must agree.
-const BlockScales& expert_blocks(const BlockScales& gate_up_scale, const BlockScales& down_scale) {
+// The slots MOE_EXPERTS and MOE_ROUTE_EXPERTS share: x, gate_up, down, their scales and out.
+// Returns the scale blocks; one pair serves both weights, so they must agree.
+const BlockScales& set_expert_slots(xinfer_op& op, const Tensor& x, const Tensor& gate_up, const Tensor& down,
+                                    const Tensor& out, const BlockScales& gate_up_scale, const BlockScales& down_scale) {
     XINFER_CHECK(gate_up_scale.empty() || down_scale.empty() ||
                      (gate_up_scale.block_rows == down_scale.block_rows &&
                       gate_up_scale.block_cols == down_scale.block_cols),
                  "moe_experts: gate_up scale blocks {}x{} differ from down's {}x{}", gate_up_scale.block_rows,
                  gate_up_scale.block_cols, down_scale.block_rows, down_scale.block_cols);
+    op.src[0] = to_abi(x);
+    op.src[3] = to_abi(gate_up);
+    op.src[4] = to_abi(down);
+    if (!gate_up_scale.empty()) op.src[5] = to_abi(gate_up_scale.scale);
+    if (!down_scale.empty()) op.src[6] = to_abi(down_scale.scale);
+    op.dst[0] = to_abi(out);
     return gate_up_scale.empty() ? down_scale : gate_up_scale;
 }
 
@@ -318,15 +326,9 @@ void Backend::moe_experts(const Tensor& x, const Tensor& expert_ids, const Tenso
                           const Tensor& down, const Tensor& out, const BlockScales& gate_up_scale,
                           const BlockScales& down_scale) {
     xinfer_op op = make_op(XINFER_OP_MOE_EXPERTS, layer_);
-    op.src[0] = to_abi(x);
+    const BlockScales& blocks = set_expert_slots(op, x, gate_up, down, out, gate_up_scale, down_scale);
     op.src[1] = to_abi(expert_ids);
     op.src[2] = to_abi(expert_weights);
-    op.src[3] = to_abi(gate_up);
-    op.src[4] = to_abi(down);
-    op.dst[0] = to_abi(out);
-    const BlockScales& blocks = expert_blocks(gate_up_scale, down_scale);
-    if (!gate_up_scale.empty()) op.src[5] = to_abi(gate_up_scale.scale);
-    if (!down_scale.empty()) op.src[6] = to_abi(down_scale.scale);
     op.params.matmul.block_rows = blocks.block_rows;
     op.params.matmul.block_cols = blocks.block_cols;
     run(op);
@@ -337,15 +339,9 @@ void Backend::moe_route_experts(const Tensor& x, const Tensor& logits, const Ten
                                 const Tensor& down, const Tensor& out, const BlockScales& gate_up_scale,
                                 const BlockScales& down_scale) {
     xinfer_op op = make_op(XINFER_OP_MOE_ROUTE_EXPERTS, layer_);
-    op.src[0] = to_abi(x);
+    const BlockScales& blocks = set_expert_slots(op, x, gate_up, down, out, gate_up_scale, down_scale);
     op.src[1] = to_abi(logits);
     op.src[2] = to_abi(bias);
-    op.src[3] = to_abi(gate_up);
-    op.src[4] = to_abi(down);
-    op.dst[0] = to_abi(out);
-    const BlockScales& blocks = expert_blocks(gate_up_scale, down_scale);
-    if (!gate_up_scale.empty()) op.src[5] = to_abi(gate_up_scale.scale);
-    if (!down_scale.empty()) op.src[6] = to_abi(down_scale.scale);
     op.params.route_experts.route = to_abi(params);
     op.params.route_experts.block_rows = blocks.block_rows;
     op.params.route_experts.block_cols = blocks.block_cols;
