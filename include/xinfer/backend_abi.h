@@ -1,5 +1,5 @@
 /*
- * xinfer backend plugin ABI, version 2.
+ * xinfer backend plugin ABI, version 3.
  *
  * A backend for an accelerator is a shared library `libxinfer-<name>.so` exporting one C
  * symbol, `xinfer_backend_init`, which returns a table of function pointers. xinfer dlopens
@@ -27,8 +27,9 @@
 extern "C" {
 #endif
 
-/* Version 2: upload reads its source before it returns; download_async and wait_downloads. */
-#define XINFER_BACKEND_ABI_VERSION 2
+/* Version 2: upload reads its source before it returns; download_async and wait_downloads.
+   Version 3: alloc_mapped and free_mapped (host memory the device reads and writes in place). */
+#define XINFER_BACKEND_ABI_VERSION 3
 
 enum {
     XINFER_OK = 0,
@@ -243,6 +244,16 @@ typedef struct xinfer_backend_api {
        waits for this step's ids. Not allowed during graph capture. */
     int (*download_async)(void* ctx, void* dst_host, const void* src_device, size_t bytes);
     int (*wait_downloads)(void* ctx);
+
+    /* Optional (NULL: xinfer stages through upload and download instead): host memory the device
+       reads and writes in place (pinned and mapped on CUDA), so that a captured graph can take a
+       step's inputs from the host and leave its results there without a copy of its own on the
+       stream. Ops and copies take *device; the host reads and writes *host. download and
+       download_async accept such memory as their source: they then only wait for the work queued
+       before them and copy on the host. The host must not write bytes that queued work may still
+       read, nor read bytes it may still write, before waiting for that work. */
+    int (*alloc_mapped)(void* ctx, size_t bytes, void** host, void** device);
+    void (*free_mapped)(void* ctx, void* host);
 } xinfer_backend_api;
 
 /* The one symbol a plugin exports. Returns NULL when no usable device exists on this system. */

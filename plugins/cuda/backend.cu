@@ -323,6 +323,7 @@ void context_destroy(void* p) {
     if (c->scratch) cudaFree(c->scratch);
     if (c->download_staging) cudaFreeHost(c->download_staging);
     if (c->downloads_done) cudaEventDestroy(c->downloads_done);
+    for (const Context::MappedRange& m : c->mapped) cudaFreeHost(m.host);
     for (void* r : c->retired) cudaFree(r);
     if (c->stream) cudaStreamDestroy(c->stream);
     delete c;
@@ -352,6 +353,76 @@ void free_(void* p, void* ptr) {
     if (ptr) cudaFree(ptr);  // cudaFree waits for work using it to finish
 }
 
+// ---- mapped host memory ----------------------------------------------------------------------------
+// Pinned host memory with a device address: a decode graph reads its step's inputs from it and its
+// argmax writes the ids there, so a step queues no upload, token copy or download of its own
+// (docs/perf/2026-12-06-h200-session32.md). XINFER_CUDA_MAPPED=0 refuses it (A/B): xinfer then
+// stages the same buffers in device memory.
+int alloc_mapped(void* p, size_t bytes, void** host, void** device) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    *host = *device = nullptr;
+    static const bool enabled = env_flag("XINFER_CUDA_MAPPED", true);
+    if (!enabled) {
+        set_error(c, "cuda: mapped host memory is off (XINFER_CUDA_MAPPED=0)");
+        return XINFER_UNSUPPORTED;
+    }
+    char *h = nullptr, *d = nullptr;
+    cudaError_t err = cudaHostAlloc(reinterpret_cast<void**>(&h), std::max<size_t>(bytes, 1), cudaHostAllocMapped);
+    if (err == cudaSuccess) err = cudaHostGetDevicePointer(reinterpret_cast<void**>(&d), h, 0);
+    if (err != cudaSuccess) {
+        if (h) cudaFreeHost(h);
+        cuda_fail(c, err, "cudaHostAlloc(mapped)");
+        c->error += str_format(" (asked for %zu bytes)", bytes);
+        return err == cudaErrorMemoryAllocation ? XINFER_OUT_OF_MEMORY : XINFER_ERROR;
+    }
+    c->mapped.push_back({h, d, bytes});
+    *host = h;
+    *device = d;
+    return XINFER_OK;
+}
+
+void free_mapped(void* p, void* host) {
+    Context* c = ctx_of(p);
+    DeviceGuard guard(c);
+    for (size_t i = 0; i < c->mapped.size(); ++i) {
+        if (c->mapped[i].host != host) continue;
+        cudaStreamSynchronize(c->stream);  // queued kernels may still address it
+        cudaFreeHost(host);
+        c->mapped.erase(c->mapped.begin() + long(i));
+        return;
+    }
+}
+
+// The host address of [device, device + bytes) when that lies in one mapped allocation, else null.
+char* mapped_host(const Context* c, const void* device, size_t bytes) {
+    const char* d = static_cast<const char*>(device);
+    for (const Context::MappedRange& m : c->mapped)
+        if (d >= m.device && d + bytes <= m.device + m.bytes) return m.host + (d - m.device);
+    return nullptr;
+}
+
+// 16-byte words when dst, src and bytes allow, else bytes; writes to host memory are made visible
+// to the host before the kernel completes.
+__global__ void small_copy_kernel(char* dst, const char* src, size_t bytes) {
+    const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
+    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) {
+        for (size_t i = first; i < bytes / 16; i += stride)
+            reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    } else {
+        for (size_t i = first; i < bytes; i += stride) dst[i] = src[i];
+    }
+    __threadfence_system();
+}
+
+int launch_small_copy(Context* c, void* dst, const void* src, size_t bytes) {
+    constexpr unsigned kThreads = 256;
+    const unsigned blocks = unsigned(std::min<size_t>((bytes + 16 * kThreads - 1) / (16 * kThreads), 16));
+    small_copy_kernel<<<blocks, kThreads, 0, c->stream>>>(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
+    XCUDA_CHECK_LAUNCH(c, "small_copy_kernel");
+    return XINFER_OK;
+}
+
 // Stream-ordered. From pageable host memory the runtime stages the bytes before it returns, as
 // the ABI asks; from pinned memory the copy would still be reading after the return, so that
 // source waits for its copy.
@@ -359,6 +430,11 @@ int upload(void* p, void* dst, const void* src, size_t bytes) {
     Context* c = ctx_of(p);
     DeviceGuard guard(c);
     if (bytes == 0) return XINFER_OK;
+    if (char* host = mapped_host(c, dst, bytes)) {  // in order: after the work queued before
+        XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
+        std::memcpy(host, src, bytes);
+        return XINFER_OK;
+    }
     const bool starved = timeline_starved(c);
     XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
     timeline_mark(c, "upload", -1, starved);
@@ -374,6 +450,11 @@ int download(void* p, void* dst, const void* src, size_t bytes) {
     Context* c = ctx_of(p);
     DeviceGuard guard(c);
     if (bytes == 0) return XINFER_OK;
+    if (const char* host = mapped_host(c, src, bytes)) {
+        XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
+        std::memcpy(dst, host, bytes);
+        return XINFER_OK;
+    }
     const bool starved = timeline_starved(c);
     XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     timeline_mark(c, "download", -1, starved);
@@ -396,31 +477,13 @@ bool small_download_kernel() {
     return enabled;
 }
 
-// 16-byte words when dst, src and bytes allow, else bytes; the writes (to host memory) are made
-// visible to the host before the kernel completes.
-__global__ void download_copy_kernel(char* dst, const char* src, size_t bytes) {
-    const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
-    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) {
-        for (size_t i = first; i < bytes / 16; i += stride)
-            reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-    } else {
-        for (size_t i = first; i < bytes; i += stride) dst[i] = src[i];
-    }
-    __threadfence_system();
-}
-
 // bytes of src (device) into the staging at offset, queued on the stream.
 int queue_download(Context* c, size_t offset, const void* src, size_t bytes) {
     if (!small_download_kernel() || bytes > kSmallDownloadBytes) {
         XCUDA_TRY(c, cudaMemcpyAsync(c->download_staging + offset, src, bytes, cudaMemcpyDeviceToHost, c->stream));
         return XINFER_OK;
     }
-    constexpr unsigned kThreads = 256;
-    const unsigned blocks = unsigned(std::min<size_t>((bytes + 16 * kThreads - 1) / (16 * kThreads), 16));
-    download_copy_kernel<<<blocks, kThreads, 0, c->stream>>>(c->download_staging_device + offset,
-                                                              static_cast<const char*>(src), bytes);
-    XCUDA_CHECK_LAUNCH(c, "download_copy_kernel");
-    return XINFER_OK;
+    return launch_small_copy(c, c->download_staging_device + offset, src, bytes);
 }
 
 int download_async(void* p, void* dst, const void* src, size_t bytes) {
@@ -431,6 +494,12 @@ int download_async(void* p, void* dst, const void* src, size_t bytes) {
         return XINFER_ERROR;
     }
     if (bytes == 0) return XINFER_OK;
+    if (!c->downloads_done) XCUDA_TRY(c, cudaEventCreateWithFlags(&c->downloads_done, cudaEventDisableTiming));
+    if (const char* host = mapped_host(c, src, bytes)) {  // the bytes are on the host already: only wait
+        XCUDA_TRY(c, cudaEventRecord(c->downloads_done, c->stream));
+        c->pending_downloads.push_back({dst, 0, bytes, host});
+        return XINFER_OK;
+    }
     const size_t offset = (c->pending_download_bytes + 15) / 16 * 16;
     if (offset + bytes > c->download_staging_bytes) {
         if (!c->pending_downloads.empty()) return download(p, dst, src, bytes);  // in order, just not overlapped
@@ -442,12 +511,11 @@ int download_async(void* p, void* dst, const void* src, size_t bytes) {
         XCUDA_TRY(c, cudaHostGetDevicePointer(reinterpret_cast<void**>(&c->download_staging_device), c->download_staging, 0));
         c->download_staging_bytes = size;  // only once both pointers are valid
     }
-    if (!c->downloads_done) XCUDA_TRY(c, cudaEventCreateWithFlags(&c->downloads_done, cudaEventDisableTiming));
     const bool starved = timeline_starved(c);
     if (int rc = queue_download(c, offset, src, bytes)) return rc;
     timeline_mark(c, "download_async", -1, starved);
     XCUDA_TRY(c, cudaEventRecord(c->downloads_done, c->stream));
-    c->pending_downloads.push_back({dst, offset, bytes});
+    c->pending_downloads.push_back({dst, offset, bytes, nullptr});
     c->pending_download_bytes = offset + bytes;
     return XINFER_OK;
 }
@@ -458,7 +526,7 @@ int wait_downloads(void* p) {
     if (c->pending_downloads.empty()) return XINFER_OK;
     XCUDA_TRY(c, cudaEventSynchronize(c->downloads_done));
     for (const Context::PendingDownload& d : c->pending_downloads)
-        std::memcpy(d.dst, c->download_staging + d.offset, d.bytes);
+        std::memcpy(d.dst, d.mapped_src ? d.mapped_src : c->download_staging + d.offset, d.bytes);
     c->pending_downloads.clear();
     c->pending_download_bytes = 0;
     return XINFER_OK;
@@ -469,7 +537,17 @@ int copy(void* p, void* dst, const void* src, size_t bytes) {
     DeviceGuard guard(c);
     if (bytes == 0) return XINFER_OK;
     const bool starved = timeline_starved(c);
-    XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    // To or from mapped memory: a kernel, which a copy engine's tens of µs per small transfer
+    // would lose to (see queue_download); larger ones go to the copy engine as host copies do.
+    if (mapped_host(c, dst, bytes) || mapped_host(c, src, bytes)) {
+        if (bytes <= kSmallDownloadBytes) {
+            if (int rc = launch_small_copy(c, dst, src, bytes)) return rc;
+        } else {
+            XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
+        }
+    } else {
+        XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    }
     timeline_mark(c, "copy", -1, starved);
     return XINFER_OK;
 }
@@ -715,6 +793,8 @@ const xinfer_backend_api kApi = {
     range_pop,
     download_async,
     wait_downloads,
+    alloc_mapped,
+    free_mapped,
 };
 
 }  // namespace

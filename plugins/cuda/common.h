@@ -74,6 +74,7 @@ struct Context {
     struct PendingDownload {
         void* dst;
         size_t offset, bytes;
+        const char* mapped_src;  // non-null: the source is mapped memory, copied from here (no staging)
     };
     char* download_staging = nullptr;  // cudaHostAlloc (mapped), download_staging_bytes
     char* download_staging_device = nullptr;  // the same memory as kernels address it
@@ -81,6 +82,14 @@ struct Context {
     std::vector<PendingDownload> pending_downloads;
     size_t pending_download_bytes = 0;
     cudaEvent_t downloads_done = nullptr;  // recorded after the latest download_async
+    // alloc_mapped's allocations (pinned, mapped): downloads, uploads and copies that touch one
+    // take the host's side or a copy kernel instead of a copy engine.
+    struct MappedRange {
+        char* host;
+        char* device;
+        size_t bytes;
+    };
+    std::vector<MappedRange> mapped;
     int live_graphs = 0;
     bool capturing = false;
     std::vector<TimelineMark> timeline;  // XINFER_CUDA_TIMELINE only

@@ -73,6 +73,18 @@ Buffer Backend::alloc(size_t bytes) {
     return Buffer(ptr, bytes, [api, ctx](void* p) { api->free(ctx, p); });
 }
 
+Backend::MappedBuffer Backend::alloc_mapped(size_t bytes) {
+    if (!api_->alloc_mapped || !api_->free_mapped) return {};
+    void *host = nullptr, *device = nullptr;
+    const int status = api_->alloc_mapped(ctx_, bytes, &host, &device);
+    if (status == XINFER_UNSUPPORTED) return {};
+    if (status == XINFER_OUT_OF_MEMORY) fail("backend {}: out of pinned host memory allocating {} bytes", label_, bytes);
+    check(status, "alloc_mapped");
+    const xinfer_backend_api* api = api_;
+    void* ctx = ctx_;
+    return {Buffer(device, bytes, [api, ctx, host](void*) { api->free_mapped(ctx, host); }), host};
+}
+
 void Backend::upload(const Tensor& dst, const void* host_src) { check(api_->upload(ctx_, dst.data, host_src, dst.nbytes()), "upload"); }
 void Backend::download(const Tensor& src, void* host_dst) {
     check(api_->download(ctx_, host_dst, src.data, src.nbytes()), "download");

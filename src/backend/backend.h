@@ -110,6 +110,15 @@ public:
 
     // ---- memory -------------------------------------------------------------------------
     Buffer alloc(size_t bytes);
+    // Host memory the device reads and writes in place (backend_abi.h's alloc_mapped): ops and
+    // copies take tensors over `device`, the host reads and writes `host`; download and
+    // download_async from it only wait. Empty (device.data() == nullptr) where the backend has
+    // none or refuses it: the caller then stages through device memory.
+    struct MappedBuffer {
+        Buffer device;
+        void* host = nullptr;
+    };
+    MappedBuffer alloc_mapped(size_t bytes);
     void upload(const Tensor& dst, const void* host_src);    // dst.nbytes() bytes, read before it returns
     void download(const Tensor& src, void* host_dst);        // src.nbytes() bytes, completes before return
     // Stream-ordered download that returns at once: host_dst holds src's bytes once

@@ -125,17 +125,22 @@ DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, const KvCacheManager&
     int64_t metadata_elements = 0;
     for (int size : sizes_) {
         buckets_.push_back({decode_metadata_layout(size, widths_)});
+        XINFER_CHECK(buckets_.back().layout.token_ids == 0, "the token slots must open every bucket's inputs");
         metadata_elements = std::max(metadata_elements, buckets_.back().layout.size);
     }
     if (sizes_.empty()) return;
-    metadata_ = backend_.alloc(size_t(metadata_elements) * sizeof(int32_t));
+    const size_t metadata_bytes = size_t(metadata_elements) * sizeof(int32_t);
+    metadata_ = backend_.alloc(metadata_bytes);
+    for (Backend::MappedBuffer& inputs : inputs_) inputs = backend_.alloc_mapped(metadata_bytes);
+    if (!inputs_[0].host || !inputs_[1].host)
+        for (Backend::MappedBuffer& inputs : inputs_) inputs = {backend_.alloc(metadata_bytes), nullptr};
     logits_ = backend_.alloc(size_t(sizes_.back()) * size_t(model_.config().vocab_size) * sizeof(float));
-    ids_ = backend_.alloc(size_t(sizes_.back()) * sizeof(int32_t));
 }
 
 DecodeGraphs::~DecodeGraphs() {
     for (Bucket& bucket : buckets_)
-        if (bucket.graph) backend_.graph_destroy(bucket.graph);
+        for (void* graph : bucket.graphs)
+            if (graph) backend_.graph_destroy(graph);
 }
 
 ForwardBatch DecodeGraphs::batch_for(const Bucket& bucket) const {
@@ -169,46 +174,63 @@ Tensor DecodeGraphs::logits_for(int rows) const {
     return Tensor(logits_.data(), DType::f32, {int64_t(rows), model_.config().vocab_size});
 }
 
-Tensor DecodeGraphs::ids_for(int rows) const { return Tensor(ids_.data(), DType::i32, {int64_t(rows)}); }
+Tensor DecodeGraphs::tokens_of(int parity, int rows) const {
+    return Tensor(inputs_[parity].device.data(), DType::i32, {int64_t(rows)});  // layout.token_ids is 0
+}
 
 std::optional<Tensor> DecodeGraphs::argmax_of(const Tensor& logits) const {
     if (logits.data != logits_.data() || logits.dtype != DType::f32 || logits.rank != 2 || logits.dim(0) > ids_rows_)
         return std::nullopt;
-    return ids_for(int(logits.dim(0)));
+    return tokens_of(parity_, int(logits.dim(0)));
 }
 
-void DecodeGraphs::upload_metadata(const Bucket& bucket) {
-    XINFER_CHECK(int64_t(staging_.size()) == bucket.layout.size, "staged {} metadata elements for a layout of {}",
+void DecodeGraphs::write_inputs(const Bucket& bucket, int parity, int64_t first) {
+    XINFER_CHECK(int64_t(staging_.size()) == bucket.layout.size, "staged {} input elements for a layout of {}",
                  staging_.size(), bucket.layout.size);
-    backend_.upload(Tensor(metadata_.data(), DType::i32, {bucket.layout.size}), staging_.data());
+    const int64_t n = bucket.layout.size - first;
+    if (void* host = inputs_[parity].host)
+        std::memcpy(static_cast<int32_t*>(host) + first, staging_.data() + first, size_t(n) * sizeof(int32_t));
+    else
+        backend_.upload(Tensor(static_cast<int32_t*>(inputs_[parity].device.data()) + first, DType::i32, {n}),
+                        staging_.data() + first);
 }
 
-void DecodeGraphs::capture(Bucket& bucket) {
-    const ForwardBatch batch = batch_for(bucket);
-    const Tensor logits = logits_for(bucket.layout.batch);
-    const Tensor ids = ids_for(bucket.layout.batch);
+void DecodeGraphs::run_step(const Bucket& bucket, int parity) {
+    const int64_t size = bucket.layout.size, rows = bucket.layout.batch;
+    backend_.copy(Tensor(metadata_.data(), DType::i32, {size}), Tensor(inputs_[parity].device.data(), DType::i32, {size}));
+    const Tensor logits = logits_for(int(rows));
+    model_.forward(batch_for(bucket), logits);
+    backend_.argmax(logits, tokens_of(1 - parity, int(rows)));
+}
+
+void DecodeGraphs::capture(Bucket& bucket, int parity) {
     // The eager run sizes the plugin's scratch and the model's workspace slots for these shapes
-    // (nothing may allocate during capture); its logits and ids are this step's result.
-    model_.forward(batch, logits);
-    backend_.argmax(logits, ids);
+    // (nothing may allocate during capture); its logits and ids are this step's result. The two
+    // parities run the same ops on the same shapes.
+    run_step(bucket, parity);
     try {
-        backend_.graph_begin();
-        try {
-            model_.forward(batch, logits);
-            backend_.argmax(logits, ids);
-        } catch (...) {
-            // Close the capture so the stream is usable again; the partial graph is discarded.
-            void* partial = nullptr;
+        for (int p : {0, 1}) {
+            backend_.graph_begin();
             try {
-                partial = backend_.graph_end();
+                run_step(bucket, p);
             } catch (...) {
+                // Close the capture so the stream is usable again; the partial graph is discarded.
+                void* partial = nullptr;
+                try {
+                    partial = backend_.graph_end();
+                } catch (...) {
+                }
+                if (partial) backend_.graph_destroy(partial);
+                throw;
             }
-            if (partial) backend_.graph_destroy(partial);
-            throw;
+            bucket.graphs[p] = backend_.graph_end();
         }
-        bucket.graph = backend_.graph_end();
         ++stats_.captures;
     } catch (const std::exception& e) {
+        for (void*& graph : bucket.graphs) {
+            if (graph) backend_.graph_destroy(graph);
+            graph = nullptr;
+        }
         bucket.failed = true;
         ++stats_.failed_captures;
         fmt::print(stderr, "warning: {}: capturing the decode graph of batch {} failed; that batch runs eagerly: {}\n",
@@ -217,9 +239,9 @@ void DecodeGraphs::capture(Bucket& bucket) {
 }
 
 std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunks, const Tensor& device_tokens) {
-    ids_rows_ = 0;  // until this step has computed them
     const int n = int(chunks.size());
     const int size = pick_graph_batch(sizes_, n);
+    ids_rows_ = 0;  // until this step has computed them
     if (size == 0 || !is_plain_decode(chunks)) return std::nullopt;
     Bucket& bucket = buckets_[size_t(std::find(sizes_.begin(), sizes_.end(), size) - sizes_.begin())];
     if (bucket.failed) return std::nullopt;
@@ -235,18 +257,29 @@ std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunk
         for (size_t g = 0; g < widths_.size(); ++g) rows[s].tables.push_back(&kv_.page_table(chunk.seq, int(g)));
     }
     if (!fill_decode_metadata(bucket.layout, rows, tokens_per_page_, staging_)) return std::nullopt;
-    upload_metadata(bucket);
-    if (device_tokens.data)
-        backend_.copy(Tensor(static_cast<int32_t*>(metadata_.data()) + bucket.layout.token_ids, DType::i32, {int64_t(n)}),
-                      device_tokens);
-    if (bucket.graph) {
-        backend_.graph_launch(bucket.graph);
-        last_replayed_ = &bucket;
+    const int p = parity_;
+    if (!device_tokens.data) {
+        // The last graph may still write its ids into these token slots: wait for it.
+        if (inputs_[p].host) backend_.synchronize();
+        write_inputs(bucket, p, 0);
+    } else {
+        // The real rows' token slots come first and are left alone: the last step's ids are in
+        // them already, or a copy puts the tokens there in stream order. The padding rows' slots
+        // get token 0 here, or keep the last graph's ids for them if it writes after the host:
+        // valid tokens either way, which inert rows need and nothing reads.
+        write_inputs(bucket, p, n);
+        if (device_tokens.data != inputs_[p].device.data()) backend_.copy(tokens_of(p, n), device_tokens);
+    }
+    if (bucket.graphs[p]) {
+        backend_.graph_launch(bucket.graphs[p]);
         ++stats_.replays;
     } else {
-        capture(bucket);
+        capture(bucket, p);
         ++stats_.capture_steps;
     }
+    last_replayed_ = bucket.graphs[p] ? &bucket : nullptr;
+    last_parity_ = p;
+    parity_ = 1 - p;  // this step's ids are in the token slots of inputs_[1 - p]
     ids_rows_ = n;
     return logits_for(n);
 }
@@ -255,18 +288,17 @@ DecodeGraphs::ReplayTimes DecodeGraphs::time_last_replay(int n) {
     ReplayTimes times;
     if (!last_replayed_ || !backend_.has_events() || n <= 0) return times;
     const Bucket& bucket = *last_replayed_;
-    const int rows = bucket.layout.batch;
-    const Tensor ids = ids_for(rows);
-    const Tensor token_slot(static_cast<int32_t*>(metadata_.data()) + bucket.layout.token_ids, DType::i32, {rows});
+    const int p = last_parity_, rows = bucket.layout.batch;
+    const Tensor ids = tokens_of(1 - p, rows);
     std::vector<int32_t> host_ids(size_t(rows) * size_t(n));
-    // ops: how many of [graph, download, upload, feed] each step runs, in a step's order.
-    const auto measure = [&](int ops) {
+    // What an overlapped step queues: without mapped memory the inputs' upload (the same bytes
+    // again, past the token slots) before the graph; the ids' download after it.
+    const auto measure = [&](bool whole_step) {
         void* start = backend_.event_record();
         for (int i = 0; i < n; ++i) {
-            if (ops >= 3) upload_metadata(bucket);
-            if (ops >= 4) backend_.copy(token_slot, ids);
-            backend_.graph_launch(bucket.graph);
-            if (ops >= 2) backend_.download_async(ids, host_ids.data() + size_t(i) * size_t(rows));
+            if (whole_step && !inputs_[p].host) write_inputs(bucket, p, int64_t(rows));
+            backend_.graph_launch(bucket.graphs[p]);
+            if (whole_step) backend_.download_async(ids, host_ids.data() + size_t(i) * size_t(rows));
         }
         void* end = backend_.event_record();
         const double seconds = backend_.event_elapsed_ms(start, end) / 1e3 / n;
@@ -275,26 +307,22 @@ DecodeGraphs::ReplayTimes DecodeGraphs::time_last_replay(int n) {
         backend_.event_destroy(end);
         return seconds;
     };
-    times.graph = measure(1);
-    if (backend_.has_async_downloads()) times.download = measure(2);
-    times.upload = measure(3);
-    times.feed = measure(4);
-    upload_metadata(bucket);  // the step's own tokens again, and their K/V rewritten
-    backend_.graph_launch(bucket.graph);
-    backend_.synchronize();
+    times.graph = measure(false);
+    times.step = measure(true);
     return times;
 }
 
 int DecodeGraphs::capture_all() {
     int captured = 0;
     for (Bucket& bucket : buckets_) {
-        if (bucket.graph || bucket.failed) continue;
+        if (bucket.graphs[0] || bucket.failed) continue;
         fill_decode_metadata(bucket.layout, {}, tokens_per_page_, staging_);  // every row inert
-        upload_metadata(bucket);
-        capture(bucket);
-        backend_.synchronize();  // staging_ is refilled for the next bucket
-        captured += bucket.graph ? 1 : 0;
+        backend_.synchronize();  // the last eager run may still read the inputs
+        write_inputs(bucket, parity_, 0);
+        capture(bucket, parity_);
+        captured += bucket.graphs[0] ? 1 : 0;
     }
+    backend_.synchronize();
     return captured;
 }
 

@@ -2,9 +2,18 @@
 //
 // A decode step (every sequence one new token) issues a few thousand small ops whose launch
 // cost rivals their run time at small batches. DecodeGraphs captures the forward pass once per
-// batch bucket (1, 2, 4, ... sequences) and replays it: each step uploads its metadata (token
-// ids, positions, kv lens, page tables, slot mapping) into fixed device buffers, launches the
-// bucket's graph, and downloads the real rows' logits.
+// batch bucket (1, 2, 4, ... sequences) and replays it. A graph is the whole step on the device:
+//  1. it copies the step's inputs (token ids, positions, kv lens, page tables, slot mapping) from
+//     an input buffer into the metadata its ops read;
+//  2. the forward pass, into fixed logits;
+//  3. the argmax of its rows, written straight into the token slots of the *other* input buffer,
+//     which the next step reads.
+// The two input buffers alternate step by step (each bucket has a graph for either), so the host
+// fills the next step's inputs while this step's graph may still read its own. Where the backend
+// has mapped host memory (pinned, on CUDA) the input buffers are that memory: the host writes the
+// inputs in place and reads the ids from there, and an overlapped decode step (its tokens the
+// previous step's ids) queues nothing but its graph. Elsewhere they are device buffers the host
+// uploads into, and the ids are downloaded.
 //
 // What makes a replay valid:
 //  - every pointer is stable: metadata and logits live in buffers owned here; the model's
@@ -82,7 +91,7 @@ bool fill_decode_metadata(const DecodeMetadataLayout& layout, std::span<const De
 
 // Counters for tests and logs.
 struct GraphStats {
-    int64_t captures = 0;          // graphs captured
+    int64_t captures = 0;          // buckets captured (a graph for either input buffer)
     int64_t replays = 0;           // steps served by a replay
     int64_t capture_steps = 0;     // steps run eagerly (padded) right before their bucket's capture
     int64_t failed_captures = 0;   // buckets whose capture failed (they run eagerly from then on)
@@ -103,29 +112,33 @@ public:
     // step; not synchronized). nullopt when the step does not fit a graph (too many sequences, a
     // sequence beyond max_seq_len, a failed capture): the caller runs it eagerly.
     // device_tokens ([chunks.size()] i32 on the device), when given, replace the chunks' token
-    // ids (see Runner::forward_on_device).
+    // ids (see Runner::forward_on_device); the last step's ids (argmax_of) cost nothing to feed.
+    // With device_tokens the host writes this step's inputs while the last step may still run,
+    // into the buffer the step before it read: that step must be complete (its ids waited for),
+    // as overlapped decode has it. Without them, the step waits for the device first.
     std::optional<Tensor> forward(std::span<const SequenceChunk> chunks, const Tensor& device_tokens = {});
     // Captures every bucket not captured yet, each from an eager run of an all-inert batch
     // (writes no K/V), as vLLM does at startup. Returns the number captured.
     int capture_all();
 
     // Device seconds per step of the graph the last step launched, relaunched `n` times back to
-    // back between two events, alone and then with each operation a decode step adds around it,
-    // cumulatively: what the device spends between two graphs. The graph rewrites the same K/V
-    // slots with the same values (the token feed is undone after), so the cache is unchanged.
-    // All 0 when no graph was launched or the backend has no events.
+    // back between two events, alone and then with what an overlapped decode step queues around
+    // it (the inputs' upload without mapped memory, the ids' download): what the device spends
+    // between two graphs. The graph rewrites the same K/V slots and ids with the same values, so
+    // the cache is unchanged. All 0 when no graph was launched or the backend has no events.
     struct ReplayTimes {
-        double graph = 0;     // the graph alone (its rows' argmax included)
-        double download = 0;  // + the ids' asynchronous download (0 without download_async)
-        double upload = 0;    // + the step's metadata upload (the same bytes again)
-        double feed = 0;      // + the ids copied into the token slot (overlapped decode's feed)
+        double graph = 0;  // the graph alone (its inputs' copy and its rows' argmax included)
+        double step = 0;   // + the stream operations of an overlapped step
     };
     ReplayTimes time_last_replay(int n);
     // Every decode graph ends with the argmax of its rows (ids [bucket] i32), so that a greedy
     // step launches nothing after it: H200, batch-1 MiMo decode, the two argmax kernels took 12-15
     // µs of device time after the graph (docs/perf/2026-12-02-h200-session23.md). Returns those
-    // ids when `logits` are the last step's (what forward returned), else nullopt.
+    // ids (in mapped memory where the backend has it) when `logits` are the last step's (what
+    // forward returned), else nullopt.
     std::optional<Tensor> argmax_of(const Tensor& logits) const;
+    // Whether the input buffers are mapped host memory (see the top of this file).
+    bool mapped_inputs() const { return inputs_[0].host != nullptr; }
     const std::vector<int>& batch_sizes() const { return sizes_; }
     const std::vector<int64_t>& widths() const { return widths_; }
     const GraphStats& stats() const { return stats_; }
@@ -133,15 +146,21 @@ public:
 private:
     struct Bucket {
         DecodeMetadataLayout layout;
-        void* graph = nullptr;
+        void* graphs[2] = {nullptr, nullptr};  // [parity]: reads inputs_[parity]
         bool failed = false;
     };
     ForwardBatch batch_for(const Bucket& bucket) const;
     Tensor logits_for(int rows) const;
-    Tensor ids_for(int rows) const;
-    void upload_metadata(const Bucket& bucket);
-    // Eager padded run, then capture. The eager run's logits and argmax ids are the step's result either way.
-    void capture(Bucket& bucket);
+    // [rows] i32: the token slots of inputs_[parity], where the graph of the other parity writes its ids.
+    Tensor tokens_of(int parity, int rows) const;
+    // Writes staging_ into inputs_[parity] from element `first` on (0, or past the real rows'
+    // token slots when their tokens come from the device).
+    void write_inputs(const Bucket& bucket, int parity, int64_t first);
+    // What a graph of this parity holds: the inputs' copy, the forward pass, the argmax.
+    void run_step(const Bucket& bucket, int parity);
+    // Eager padded run of the step, then capture of both parities. The eager run's logits and
+    // ids are the step's result either way.
+    void capture(Bucket& bucket, int parity);
 
     Model& model_;
     Backend& backend_;
@@ -153,11 +172,13 @@ private:
     std::vector<int64_t> tokens_per_page_;  // [groups]
     std::vector<Bucket> buckets_;           // [sizes_.size()]
     Bucket* last_replayed_ = nullptr;       // the bucket whose graph the last step launched
-    Buffer metadata_;                       // int32 [largest bucket's layout.size]
+    int last_parity_ = 0;                   // and the inputs it read
+    Buffer metadata_;                       // int32 [largest bucket's layout.size]: what the ops read
+    Backend::MappedBuffer inputs_[2];       // int32 [largest bucket's layout.size] each, laid out as metadata_
+    int parity_ = 0;                        // the inputs the next step fills
     Buffer logits_;                         // f32 [largest bucket, vocab]
-    Buffer ids_;                            // i32 [largest bucket]: the argmax of the last step's rows
-    int64_t ids_rows_ = 0;                  // rows of ids_ the last step computed (0: none)
-    std::vector<int32_t> staging_;          // host copy of the step's metadata (alive until the caller's download syncs)
+    int64_t ids_rows_ = 0;                  // rows of the last step's ids (tokens_of(parity_)); 0: none
+    std::vector<int32_t> staging_;          // host copy of the step's inputs
     GraphStats stats_;
 };
 

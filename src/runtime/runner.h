@@ -120,6 +120,8 @@ public:
     DecodeGraphs::ReplayTimes time_last_decode_replay(int n) {
         return graphs_ ? graphs_->time_last_replay(n) : DecodeGraphs::ReplayTimes{};
     }
+    // Whether decode graphs take their inputs from (and leave their ids in) mapped host memory.
+    bool decode_inputs_mapped() const { return graphs_ && graphs_->mapped_inputs(); }
 
     KvCacheManager& kv() { return kv_; }
     const KvCacheManager& kv() const { return kv_; }

@@ -245,41 +245,61 @@ TEST_F(DeviceGraphs, DecodeMatchesEagerExecution) {
 
 // ---- emulated capture on the CPU -------------------------------------------------------------------
 
-// The CPU backend's table with graph capture emulated as a recorder: ops issued between
-// graph_begin and graph_end are recorded instead of run, and graph_launch runs them again with
-// the recorded pointers and parameters. That is the contract of a real capture, so the graph
-// runner's host side (buckets, padding, metadata buffers, stable workspace addresses) is tested
-// end to end without a GPU.
+// The CPU backend's table with graph capture emulated as a recorder: ops and copies issued
+// between graph_begin and graph_end are recorded instead of run, and graph_launch runs them again
+// with the recorded pointers and parameters. That is the contract of a real capture, so the graph
+// runner's host side (buckets, padding, input buffers, stable workspace addresses) is tested end
+// to end without a GPU. Stream operations outside graphs are counted.
+struct Recorded {
+    xinfer_op op{};  // an op, unless bytes > 0: a copy
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+};
 struct Recorder {
     const xinfer_backend_api* cpu = cpu_backend_api();
-    std::vector<xinfer_op>* capturing = nullptr;
+    std::vector<Recorded>* capturing = nullptr;
     int upload_during_capture = 0;
     int eager_argmax = 0;  // ARGMAX ops run outside graphs
+    int eager_ops = 0;     // ops run outside graphs
+    int eager_copies = 0;  // copies and uploads outside graphs
 };
 Recorder& recorder() {
     static Recorder r;
     return r;
 }
-const xinfer_backend_api* recording_api() {
-    static xinfer_backend_api api = [] {
+
+// mapped: with the CPU's mapped memory (plain host memory), else without any (alloc_mapped NULL).
+const xinfer_backend_api* recording_api(bool mapped = true) {
+    static const auto make = [](bool with_mapped) {
         xinfer_backend_api a = *cpu_backend_api();
         a.name = "cpu-recording";
         a.run_op = [](void* ctx, const xinfer_op* op) {
-            if (std::vector<xinfer_op>* graph = recorder().capturing) {
+            if (std::vector<Recorded>* graph = recorder().capturing) {
                 if (!recorder().cpu->supports_op(ctx, op)) return recorder().cpu->run_op(ctx, op);  // reports the error
-                graph->push_back(*op);
+                graph->push_back({*op});
                 return int(XINFER_OK);
             }
             recorder().eager_argmax += op->type == XINFER_OP_ARGMAX;
+            ++recorder().eager_ops;
             return recorder().cpu->run_op(ctx, op);
+        };
+        a.copy = [](void* ctx, void* dst, const void* src, size_t bytes) {
+            if (std::vector<Recorded>* graph = recorder().capturing) {
+                if (bytes > 0) graph->push_back({{}, dst, src, bytes});
+                return int(XINFER_OK);
+            }
+            ++recorder().eager_copies;
+            return recorder().cpu->copy(ctx, dst, src, bytes);
         };
         a.upload = [](void* ctx, void* dst, const void* src, size_t bytes) {
             recorder().upload_during_capture += recorder().capturing != nullptr;
+            ++recorder().eager_copies;
             return recorder().cpu->upload(ctx, dst, src, bytes);
         };
         a.graph_begin = [](void*) {
             if (recorder().capturing) return int(XINFER_ERROR);
-            recorder().capturing = new std::vector<xinfer_op>();
+            recorder().capturing = new std::vector<Recorded>();
             return int(XINFER_OK);
         };
         a.graph_end = [](void*, void** graph) {
@@ -288,21 +308,32 @@ const xinfer_backend_api* recording_api() {
             return *graph ? int(XINFER_OK) : int(XINFER_ERROR);
         };
         a.graph_launch = [](void* ctx, void* graph) {
-            for (const xinfer_op& op : *static_cast<std::vector<xinfer_op>*>(graph))
-                if (int rc = recorder().cpu->run_op(ctx, &op)) return rc;
+            for (const Recorded& r : *static_cast<std::vector<Recorded>*>(graph)) {
+                const int rc = r.bytes > 0 ? recorder().cpu->copy(ctx, r.dst, r.src, r.bytes) : recorder().cpu->run_op(ctx, &r.op);
+                if (rc) return rc;
+            }
             return int(XINFER_OK);
         };
-        a.graph_destroy = [](void*, void* graph) { delete static_cast<std::vector<xinfer_op>*>(graph); };
+        a.graph_destroy = [](void*, void* graph) { delete static_cast<std::vector<Recorded>*>(graph); };
+        if (!with_mapped) {
+            a.alloc_mapped = nullptr;
+            a.free_mapped = nullptr;
+        }
         return a;
-    }();
-    return &api;
+    };
+    static const xinfer_backend_api with = make(true), without = make(false);
+    return mapped ? &with : &without;
 }
 
 // Decoding through emulated graphs gives the eager logits: bit for bit against the padded step a
 // graph was captured from, and within f32 rounding of unpadded eager steps.
-TEST(HostGraphs, EmulatedCaptureDecodesLikeEager) {
+class HostGraphs : public ::testing::TestWithParam<bool> {};  // param: mapped input buffers
+INSTANTIATE_TEST_SUITE_P(InputBuffers, HostGraphs, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Mapped" : "Device"; });
+
+TEST_P(HostGraphs, EmulatedCaptureDecodesLikeEager) {
     const Fixture f = load_fixture("mimo_hub_f32");
-    Backend backend(recording_api(), 0, "cpu-recording");
+    Backend backend(recording_api(GetParam()), 0, "cpu-recording");
     ASSERT_TRUE(backend.has_graphs());
     auto checkpoint = Checkpoint::open(f.dir);
     auto model = load_model(*checkpoint, backend);
@@ -361,9 +392,9 @@ TEST(HostGraphs, EmulatedCaptureDecodesLikeEager) {
 
 // A decode graph ends with its rows' argmax: a greedy replayed step gets the argmax of its own
 // logits (not the previous step's) and runs no ARGMAX outside the graph.
-TEST(HostGraphs, ReplayedStepsPickTheirArgmaxInsideTheGraph) {
+TEST_P(HostGraphs, ReplayedStepsPickTheirArgmaxInsideTheGraph) {
     const Fixture f = load_fixture("qwen3_f32");
-    Backend backend(recording_api(), 0, "cpu-recording");
+    Backend backend(recording_api(GetParam()), 0, "cpu-recording");
     auto checkpoint = Checkpoint::open(f.dir);
     auto model = load_model(*checkpoint, backend);
     Runner runner(*model, backend, runner_options(false));
@@ -395,8 +426,66 @@ TEST(HostGraphs, ReplayedStepsPickTheirArgmaxInsideTheGraph) {
     for (int s = 0; s < 2; ++s) runner.release(s);
 }
 
+// Overlapped decode as the engine and the bench run it: each step reads its tokens from the last
+// step's ids on the device (argmax_of), and the host learns those ids only after queueing the next
+// step. A replayed step of that kind queues nothing but its graph with mapped input buffers, and
+// only its inputs' upload without. Its tokens are those of greedy decoding fed from the host.
+TEST_P(HostGraphs, OverlappedStepsFeedTheLastIdsInsideTheGraph) {
+    const Fixture f = load_fixture("qwen3_f32");
+    Backend backend(recording_api(GetParam()), 0, "cpu-recording");
+    auto checkpoint = Checkpoint::open(f.dir);
+    auto model = load_model(*checkpoint, backend);
+    const std::vector<std::vector<int32_t>> prompts = prompts_of(f, 2);
+    constexpr int kSteps = 6;
+
+    const auto greedy = [&](bool overlapped) {
+        Runner runner(*model, backend, runner_options(!overlapped));
+        std::vector<std::vector<int32_t>> tokens = prompts;
+        std::vector<SequenceChunk> chunks;
+        for (int s = 0; s < 2; ++s) chunks.push_back({s, 0, tokens[size_t(s)], false});
+        std::vector<int32_t> ids = runner.argmax_rows(runner.step_on_device(chunks));
+        std::vector<int32_t> pending(2);
+        Tensor device_ids;  // [2]: the newest step's ids, on the device
+        for (int step = 0; step < kSteps; ++step) {
+            chunks.clear();
+            for (int s = 0; s < 2; ++s) {
+                if (step == 0 || !overlapped) tokens[size_t(s)].push_back(ids[size_t(s)]);
+                else tokens[size_t(s)].push_back(-1);  // a placeholder until the id lands
+                chunks.push_back({s, int64_t(tokens[size_t(s)].size()) - 1, std::span(tokens[size_t(s)]).last(1), false});
+            }
+            if (!overlapped) {
+                ids = runner.argmax_rows(runner.step_on_device(chunks));
+                continue;
+            }
+            const Recorder before = recorder();
+            const Tensor logits = runner.step_on_device(chunks, {}, step == 0 ? Tensor{} : device_ids);
+            if (step >= 2) {  // step 0 captured the graphs, step 1 first replayed the other parity
+                EXPECT_EQ(recorder().eager_ops, before.eager_ops) << "step " << step;
+                EXPECT_EQ(recorder().eager_copies - before.eager_copies, GetParam() ? 0 : 1) << "step " << step;
+            }
+            if (step > 0) {
+                backend.wait_downloads();
+                for (int s = 0; s < 2; ++s) {
+                    const int64_t position = int64_t(tokens[size_t(s)].size()) - 1;
+                    tokens[size_t(s)][size_t(position)] = pending[size_t(s)];
+                    runner.set_token(s, position, pending[size_t(s)]);
+                }
+            }
+            device_ids = runner.argmax_rows_on_device(logits);
+            backend.download_async(device_ids, pending.data());
+        }
+        backend.wait_downloads();
+        for (int s = 0; s < 2; ++s) tokens[size_t(s)].push_back(overlapped ? pending[size_t(s)] : ids[size_t(s)]);
+        EXPECT_EQ(runner.graph_stats().replays, overlapped ? kSteps - 1 : 0);
+        for (int s = 0; s < 2; ++s) runner.release(s);
+        return tokens;
+    };
+    const std::vector<std::vector<int32_t>> expected = greedy(false), actual = greedy(true);
+    EXPECT_EQ(actual, expected);
+}
+
 // On the CPU (no graph capture) every step runs eagerly and nothing is captured.
-TEST(HostGraphs, CpuBackendRunsEagerly) {
+TEST(CpuGraphs, CpuBackendRunsEagerly) {
     const Fixture f = load_fixture("qwen3_f32");
     LoadedModel loaded(f.dir, "cpu");
     Runner runner(*loaded.model, *loaded.backend, runner_options(false));

@@ -155,6 +155,11 @@ int copy_bytes(void*, void* dst, const void* src, size_t bytes) {
     std::memcpy(dst, src, bytes);
     return XINFER_OK;
 }
+// Host memory is all the device has: a mapped buffer is an ordinary allocation, seen by both sides
+// at the same address.
+int alloc_mapped(void* ctx, size_t bytes, void** host, void** device) {
+    return guarded(ctx, XINFER_OUT_OF_MEMORY, [&] { *host = *device = host_alloc(bytes); });
+}
 int synchronize(void*) { return XINFER_OK; }
 int measure_bandwidth(void* ctx, double* gbps) {
     return guarded(ctx, XINFER_ERROR, [&] { *gbps = measure_copy_bandwidth_gbps(); });
@@ -201,6 +206,8 @@ const xinfer_backend_api kCpuApi = {
     nullptr,
     nullptr,  // download_async: ops run synchronously, so a download is never behind queued work
     nullptr,
+    alloc_mapped,
+    free_memory,  // free_mapped
 };
 
 }  // namespace
