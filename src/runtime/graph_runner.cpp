@@ -239,9 +239,9 @@ void DecodeGraphs::capture(Bucket& bucket, int parity) {
 }
 
 std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunks, const Tensor& device_tokens) {
+    ids_rows_ = 0;  // until this step has computed them
     const int n = int(chunks.size());
     const int size = pick_graph_batch(sizes_, n);
-    ids_rows_ = 0;  // until this step has computed them
     if (size == 0 || !is_plain_decode(chunks)) return std::nullopt;
     Bucket& bucket = buckets_[size_t(std::find(sizes_.begin(), sizes_.end(), size) - sizes_.begin())];
     if (bucket.failed) return std::nullopt;
