@@ -496,6 +496,7 @@ int download_async(void* p, void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return XINFER_OK;
     if (!c->downloads_done) XCUDA_TRY(c, cudaEventCreateWithFlags(&c->downloads_done, cudaEventDisableTiming));
     if (const char* host = mapped_host(c, src, bytes)) {  // the bytes are on the host already: only wait
+        timeline_mark(c, "download_async", -1, timeline_starved(c));
         XCUDA_TRY(c, cudaEventRecord(c->downloads_done, c->stream));
         c->pending_downloads.push_back({dst, 0, bytes, host});
         return XINFER_OK;
