@@ -430,11 +430,6 @@ int upload(void* p, void* dst, const void* src, size_t bytes) {
     Context* c = ctx_of(p);
     DeviceGuard guard(c);
     if (bytes == 0) return XINFER_OK;
-    if (char* host = mapped_host(c, dst, bytes)) {  // in order: after the work queued before
-        XCUDA_TRY(c, cudaStreamSynchronize(c->stream));
-        std::memcpy(host, src, bytes);
-        return XINFER_OK;
-    }
     const bool starved = timeline_starved(c);
     XCUDA_TRY(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
     timeline_mark(c, "upload", -1, starved);

@@ -278,7 +278,6 @@ std::optional<Tensor> DecodeGraphs::forward(std::span<const SequenceChunk> chunk
         ++stats_.capture_steps;
     }
     last_replayed_ = bucket.graphs[p] ? &bucket : nullptr;
-    last_parity_ = p;
     parity_ = 1 - p;  // this step's ids are in the token slots of inputs_[1 - p]
     ids_rows_ = n;
     return logits_for(n);
@@ -288,7 +287,7 @@ DecodeGraphs::ReplayTimes DecodeGraphs::time_last_replay(int n) {
     ReplayTimes times;
     if (!last_replayed_ || !backend_.has_events() || n <= 0) return times;
     const Bucket& bucket = *last_replayed_;
-    const int p = last_parity_, rows = bucket.layout.batch;
+    const int p = 1 - parity_, rows = bucket.layout.batch;  // only graph steps flip parity_
     const Tensor ids = tokens_of(1 - p, rows);
     std::vector<int32_t> host_ids(size_t(rows) * size_t(n));
     // What an overlapped step queues: without mapped memory the inputs' upload (the same bytes

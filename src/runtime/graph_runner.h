@@ -171,8 +171,7 @@ private:
     std::vector<int64_t> widths_;           // [groups] page-table width
     std::vector<int64_t> tokens_per_page_;  // [groups]
     std::vector<Bucket> buckets_;           // [sizes_.size()]
-    Bucket* last_replayed_ = nullptr;       // the bucket whose graph the last step launched
-    int last_parity_ = 0;                   // and the inputs it read
+    Bucket* last_replayed_ = nullptr;       // the bucket whose graph the last step launched (it read inputs_[1 - parity_])
     Buffer metadata_;                       // int32 [largest bucket's layout.size]: what the ops read
     Backend::MappedBuffer inputs_[2];       // int32 [largest bucket's layout.size] each, laid out as metadata_
     int parity_ = 0;                        // the inputs the next step fills
