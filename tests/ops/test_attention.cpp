@@ -385,5 +385,71 @@ TEST(RopeKvStore, FusedOpAndFallbackEqualTheFourOps) {
     }
 }
 
+// One token's prologue from the residual stream: add_rmsnorm (rmsnorm without x), matmul into the
+// q|k|v row, rope(q), rope(k), scale(v), kv_store(k, v) one by one; the fused op; and the fallback
+// of a backend without it (unfused_cpu_api): bit-identical row, normed, residual and caches (f32
+// activations, bf16 weights and caches), stored into a slot and into none (slot -1).
+TEST(QkvPrologue, FusedOpAndFallbackEqualTheSixOps) {
+    Backend unfused(unfused_cpu_api(), 0, "cpu-unfused");
+    Backend& cpu = cpu_backend();
+    const QkvHeads heads{4, 2, 64, 32};
+    const int64_t K = 72, N = heads.width(), n_pages = 3, page_size = 4;
+    const RopeParams rope{32, 5e6f};
+    const float eps = 1e-6f, value_scale = 0.707f;
+    const auto residual_old = random_vector(size_t(K), 21, -3.f, 3.f);
+    DeviceTensor x = device_from(random_vector(size_t(K), 22), DType::f32, {1, K});
+    DeviceTensor norm_weight = device_from(random_vector(size_t(K), 23, 0.5f, 1.5f), DType::f32, {K});
+    DeviceTensor w = device_from(random_vector(size_t(N * K), 24), DType::bf16, {N, K});
+    const auto k_cache_old = random_vector(size_t(n_pages * page_size * heads.n_kv * heads.head_dim_k), 25);
+    const auto v_cache_old = random_vector(size_t(n_pages * page_size * heads.n_kv * heads.head_dim_v), 26);
+    DeviceTensor pos = device_from_i32({1234}, {1});
+    for (const int32_t slot : {6, -1}) {
+        for (const bool with_x : {true, false}) {
+            DeviceTensor slot_mapping = device_from_i32({slot}, {1});
+            AttentionBatch batch;
+            batch.slot_mapping = slot_mapping;
+            struct Run {
+                DeviceTensor residual, normed, y, k_cache, v_cache;  // [1, K] in/out, [1, K], [1, N], caches
+            };
+            auto prepare = [&] {
+                return Run{device_from(residual_old, DType::f32, {1, K}), device_poisoned({1, K}), device_poisoned({1, N}),
+                           device_from(k_cache_old, DType::bf16, {n_pages, page_size, heads.n_kv, heads.head_dim_k}),
+                           device_from(v_cache_old, DType::bf16, {n_pages, page_size, heads.n_kv, heads.head_dim_v})};
+            };
+            Run want = prepare(), fused = prepare(), fallback = prepare();
+            if (with_x) {
+                cpu.add_rmsnorm(want.residual, x, norm_weight, eps, want.normed);
+            } else {
+                cpu.rmsnorm(want.residual, norm_weight, eps, want.normed);
+            }
+            cpu.matmul(want.normed, w, want.y);
+            const QkvRow row = split_qkv_row(want.y, heads);
+            cpu.rope(row.q, pos, rope);
+            cpu.rope(row.k, pos, rope);
+            cpu.scale(row.v, value_scale);
+            cpu.kv_store(row.k, row.v, want.k_cache, want.v_cache, batch);
+            const Tensor x_or_none = with_x ? x.tensor : Tensor();
+            for (Run* got : {&fused, &fallback})
+                (got == &fused ? cpu : unfused)
+                    .add_rmsnorm_matmul_rope_kv_store(got->residual, x_or_none, norm_weight, eps, got->normed, w, {},
+                                                      heads, got->y, pos, rope, value_scale, got->k_cache, got->v_cache,
+                                                      batch);
+            SCOPED_TRACE(testing::Message() << "slot " << slot << (with_x ? ", x" : ", no x"));
+            for (const Run* got : {&fused, &fallback}) {
+                const char* which = got == &fused ? "fused" : "fallback";
+                EXPECT_EQ(to_host(got->y), to_host(want.y)) << which;
+                EXPECT_EQ(to_host(got->normed), to_host(want.normed)) << which;
+                EXPECT_EQ(to_host(got->residual), to_host(want.residual)) << which;
+                EXPECT_EQ(to_host(got->k_cache), to_host(want.k_cache)) << which;
+                EXPECT_EQ(to_host(got->v_cache), to_host(want.v_cache)) << which;
+            }
+            EXPECT_EQ(to_host(want.k_cache) != to_host(prepare().k_cache), slot >= 0) << "stored only into a real slot";
+        }
+    }
+    // A row that is not q | k | v of these heads is an error naming the shapes.
+    DeviceTensor short_row = device_poisoned({1, N - 32});
+    expect_error([&] { (void)split_qkv_row(short_row, heads); }, {"split_qkv_row", "[1, 416]", "448 elements"});
+}
+
 }  // namespace
 }  // namespace xinfer::test
