@@ -917,11 +917,14 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
     }
     const RouteArgs route = with_route_scratch(a, smem, smem);  // after everything: the chosen ids and weights live on
     if (int rc = allow_smem(c, kernel, smem)) return rc;
+    // The bulk prefetch needs 16-byte-aligned row blocks.
+    const bool l2_early = moe_down_l2_enabled() && a.I * (kFp8 ? 1 : 2) % 16 == 0 &&
+                          reinterpret_cast<uintptr_t>(a.down) % 16 == 0;
     return launch_pdl(c, "moe_grouped_down_kernel", kernel,
                       dim3(unsigned(ceil_div(a.H, 16))), dim3(kDownWarps * 32), smem,
                       static_cast<const __nv_bfloat16*>(a.h), a.ids, a.weights, a.T, a.top_k, a.E, a.down,
                       a.down_scale, a.dn_scale_rows, a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, k_parts,
-                      h_in_smem, moe_down_l2_enabled(), a.out, a.out_dtype, route);
+                      h_in_smem, l2_early, a.out, a.out_dtype, route);
 }
 
 // One token, bf16 experts: every pair has its own expert (a token picks an expert once), so the
