@@ -48,7 +48,6 @@ struct StreamGemv {
     int64_t n = 0, k = 0;
     int64_t scale_cols = 0, block_rows = 128, block_cols = 128, shard_rows = 0, blocks_per_shard = 0;
     bool one_scale = true;    // f8: block_cols % 16 == 0, so a 16-value chunk lies in one scale block
-    bool l2_early = false;    // mma_gemv_kernel: ask L2 for the block's rows before the PDL wait
 };
 // The norm fused in front of the streaming GEMV (kNorm: ADD_RMSNORM_MATMUL of a router, see
 // norm_rows_to_shared): x is not read; every block computes it from these into shared memory. (A
@@ -633,12 +632,6 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
                     if (const char* a = ahead.address(m)) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         }
     }
-    // l2_early: the block's rows (contiguous) asked of L2 at once, so that blocks entering while the
-    // previous kernel's last blocks still run keep DRAM busy through that tail.
-    if (p.l2_early && threadIdx.x == 0) {
-        const int64_t first = int64_t(blockIdx.x) * tiles * 16, rows = min(int64_t(tiles) * 16, p.n - first);
-        if (rows > 0) prefetch_l2_bulk(w + first * K * kBytes, uint32_t(rows * K * kBytes) & ~15u);
-    }
     [[maybe_unused]] NormWeights nw;
     if constexpr (kNorm) nw = load_norm_first(norm, K);
     // kRope: the writer lanes' slot and angles, from host-written inputs (before the wait where
@@ -784,15 +777,9 @@ bool fp8_early_ring_enabled() {
 }
 // norm: the one-row FP8 norm GEMV (ADD_RMSNORM_MATMUL; fp8_norm_gemv_fits), else null; rope (with
 // norm): the q|k|v row rotated and stored by its blocks (ADD_RMSNORM_MATMUL_ROPE_KV_STORE).
-// XINFER_CUDA_GEMV_L2=1: mma_gemv_kernel's blocks ask L2 for all their rows before the PDL wait (A/B).
-bool gemv_l2_enabled() {
-    static const bool enabled = env_flag("XINFER_CUDA_GEMV_L2", false);
-    return enabled;
-}
 int launch_mma_gemv(Context* c, StreamGemv p, bool fp8, const NormArgs* norm = nullptr, const QkvRope* rope = nullptr) {
     static_assert(MmaGemvRingDefault::kBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
     const bool early = fp8_early_ring_enabled();
-    p.l2_early = gemv_l2_enabled();
     const int64_t tiles = ceil_div(p.n, int64_t(16));
     p.split = fp8 ? kFp8MmaParts : kBf16MmaParts;
     const size_t x_f16_bytes = size_t(p.rows) * size_t(p.k) * 2;
