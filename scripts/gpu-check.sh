@@ -105,10 +105,6 @@ if [ $engine = 1 ]; then
             # mma_gemv_kernel), opt-in for the same reason.
             ops_test_with XINFER_OPS_TEST_DECODE_MATMULS=1 ops-test-fp8-norm-matmul.log "fp8 norm cases" \
                 --op add_rmsnorm_matmul --filter 'w=f8_e4m3'
-            # ... and with the attention prologue inside (one token's q|k|v rotated and stored by its
-            # GEMV), opt-in for the same reason.
-            ops_test_with XINFER_OPS_TEST_DECODE_MATMULS=1 ops-test-fp8-qkv-rope.log "fp8 q|k|v prologue cases" \
-                --op add_rmsnorm_matmul_rope_kv_store
             # bf16 matmuls of up to 8 rows run on the tensor-core GEMV; the streaming GEMV stays their
             # fallback (and the f32 routers' path).
             ops_test_with XINFER_CUDA_BF16_MMA_GEMV=0 ops-test-bf16-stream-gemv.log "bf16 streaming GEMV" --op matmul

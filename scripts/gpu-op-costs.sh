@@ -18,10 +18,9 @@ mkdir -p "$OUT"
 [ $# -gt 0 ] || set -- bench/models/mimo_v2_flash_e8 bench/models/mimo_v2_flash_e8_fp8
 # xinfer_op_type bits (include/xinfer/backend_abi.h): RMSNORM 2, ADD_RMSNORM 3, MATMUL 4,
 # ATTENTION 10, MOE_ROUTE 11, MOE_EXPERTS 12, ROPE_KV_STORE 16, MOE_ROUTE_EXPERTS 18 (one FP8 token's
-# route and experts; moe_route alone is then the route of the other shapes), ADD_RMSNORM_MATMUL_ROPE_KV_STORE
-# 19 (one FP8 token's q|k|v with its rope and KV store; rope_kv_store alone is then the other shapes').
+# route and experts; moe_route alone is then the route of the other shapes).
 masks=("0 nothing" "12 rmsnorm+add_rmsnorm" "65536 rope_kv_store" "1024 attention" "2048 moe_route"
-       "4096 moe_experts" "262144 moe_route_experts" "524288 add_rmsnorm_matmul_rope_kv_store" "16 matmul")
+       "4096 moe_experts" "262144 moe_route_experts" "16 matmul")
 for model in "$@"; do
     table=$OUT/$(basename "$model").txt
     {

@@ -118,15 +118,6 @@ typedef enum xinfer_op_type {
        blocks as MOE_EXPERTS's params.matmul).
        Optional: a backend may answer supports_op = 0 and xinfer runs the two ops instead. */
     XINFER_OP_MOE_ROUTE_EXPERTS = 18,
-    /* one token's norm, fused q|k|v projection and attention prologue as one op: exactly
-       ADD_RMSNORM_MATMUL(src0..src4 -> y = dst0, normed = dst1), then ROPE_KV_STORE on y's slices
-       q = y[:, :n_q·dk] as [R,n_q,dk], k = the next n_kv·dk, v = the last n_kv·dv (in place, as
-       ROPE_KV_STORE leaves them), into src5 k_cache, src6 v_cache at positions src7
-       src: residual, x (opt), norm weight, w[N,K] (N = n_q·dk + n_kv·(dk + dv)), w_scale (opt),
-       k_cache, v_cache (as KV_STORE), positions[R]; dst0: y[R,N], dst1: normed[R,K];
-       params.norm_matmul_rope; batch (slot_mapping, page_size, page_stride).
-       Optional: a backend may answer supports_op = 0 and xinfer runs the two ops instead. */
-    XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE = 19,
     XINFER_OP_COUNT
 } xinfer_op_type;
 
@@ -195,11 +186,6 @@ typedef struct xinfer_op {
         xinfer_attention_params attention;
         xinfer_route_params route;
         struct { xinfer_route_params route; int32_t block_rows, block_cols; } route_experts;
-        struct {
-            float eps; int32_t block_rows, block_cols;                  /* as norm_matmul's */
-            int32_t rotary_dim; float theta; float value_scale;         /* as rope_kv_store's */
-            int32_t n_q_heads, n_kv_heads, head_dim_k;                  /* y's q | k | v split */
-        } norm_matmul_rope;
     } params;
     xinfer_attention_batch batch;  /* KV_STORE, ATTENTION, ROPE_KV_STORE */
 } xinfer_op;

@@ -513,20 +513,24 @@ __global__ void __launch_bounds__(kPrologueThreads) rope_kv_store_kernel(Prologu
     if (slot >= 0) store_f(a.v_cache, a.vc_dtype, page * a.v_page_stride + (offset * a.nkv + g) * a.dv + d, x);
 }
 
-}  // namespace
-
 bool is_i32(const xinfer_tensor& t, int64_t n) { return t.dtype == XINFER_DTYPE_I32 && t.rank >= 1 && numel(t) == n; }
 
+// A cache tensor is accepted as [pages, page_size, n_kv, d], or with page_stride given, any
+// tensor whose pages the stride describes.
 bool cache_ok(const xinfer_tensor& t, const xinfer_attention_batch& b, int64_t nkv, int64_t d) {
     if (!is_float(t.dtype) && t.dtype != XINFER_DTYPE_F8_E4M3) return false;
     if (t.rank == 4) return t.shape[1] == b.page_size && t.shape[2] == nkv && t.shape[3] == d;
     return b.page_stride > 0 && t.rank >= 1;
 }
 
+// Elements (bytes for fp8) between pages of one cache: the batch's page_stride, else a
+// contiguous [pages, page_size, nkv, d] tensor (fp8: each page is its values, then its row scales).
 int64_t cache_page_stride(const xinfer_attention_batch& b, int dtype, int64_t nkv, int64_t d) {
     if (b.page_stride > 0) return b.page_stride;
     return int64_t(b.page_size) * nkv * (d + (dtype == XINFER_DTYPE_F8_E4M3 ? 4 : 0));
 }
+
+}  // namespace
 
 int op_kv_store(Context* c, const xinfer_op* op, bool run) {
     const xinfer_tensor &k = op->src[0], &v = op->src[1], &k_cache = op->src[2], &v_cache = op->src[3];

@@ -203,26 +203,6 @@ __device__ void merge_splits_in_kernel(const DecodeArgs& a, const BlockRows& b, 
     }
 }
 
-// The block's prologue reads four host-written arrays one after another, each read's index
-// coming from the one before (cu_q_lens for its row tile, then kv_lens, positions, the page-table
-// entries of its keys): four round trips to L2 before the first page is requested. Asked for at
-// once into L1, a line a thread, they cost one: cu_q_lens, kv_lens and positions whole, and at one
-// sequence its whole page-table row (at most 256 lines).
-__device__ __forceinline__ void prefetch_prologue_reads(const DecodeArgs& a) {
-    constexpr int kLine = 32;  // int32 a 128-byte line
-    const auto lines = [](int64_t n) { return int((n + kLine - 1) / kLine); };
-    int t = int(threadIdx.x);
-    const auto take = [&](const int32_t* base, int64_t n) {
-        const int k = lines(n);
-        if (t >= 0 && t < k) asm volatile("prefetch.global.L1 [%0];" ::"l"(base + int64_t(t) * kLine));
-        t -= k;
-    };
-    take(a.cu_q_lens, a.n_seqs + 1);
-    take(a.kv_lens, a.n_seqs);
-    take(a.positions, a.T);
-    if (a.n_seqs == 1) take(a.page_table, a.max_pages);
-}
-
 template <int kDk, int kDv, int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     attention_stream_kernel(DecodeArgs a, const __grid_constant__ PageMaps maps, int* merge_counters) {
@@ -232,7 +212,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
     if (!a.early_kv) pdl_wait();
-    prefetch_prologue_reads(a);
     auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
     auto* bars = reinterpret_cast<uint64_t*>(smem + L.bars);
     auto* tok_lo = reinterpret_cast<int*>(smem + L.lo);

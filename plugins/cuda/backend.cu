@@ -151,9 +151,6 @@ const char* op_name(int type) {
         case XINFER_OP_SAMPLE: return "sample";
         case XINFER_OP_CONVERT: return "convert";
         case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
-        case XINFER_OP_ADD_RMSNORM_MATMUL: return "add_rmsnorm_matmul";
-        case XINFER_OP_MOE_ROUTE_EXPERTS: return "moe_route_experts";
-        case XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE: return "add_rmsnorm_matmul_rope_kv_store";
         default: return "unknown_op";
     }
 }
@@ -620,7 +617,6 @@ int dispatch(Context* c, const xinfer_op* op, bool run) {
         case XINFER_OP_ROPE_KV_STORE: return op_rope_kv_store(c, op, run);
         case XINFER_OP_ADD_RMSNORM_MATMUL: return op_add_rmsnorm_matmul(c, op, run);
         case XINFER_OP_MOE_ROUTE_EXPERTS: return op_moe_route_experts(c, op, run);
-        case XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE: return op_add_rmsnorm_matmul_rope_kv_store(c, op, run);
         default: return unsupported(c, op, "op type %d is not implemented", op->type);
     }
 }

@@ -213,7 +213,6 @@ int op_convert(Context* c, const xinfer_op* op, bool run);
 // gemm.cu
 int op_matmul(Context* c, const xinfer_op* op, bool run);
 int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run);
-int op_add_rmsnorm_matmul_rope_kv_store(Context* c, const xinfer_op* op, bool run);
 // moe_route.cu, moe.cu
 int op_moe_route(Context* c, const xinfer_op* op, bool run);
 int op_moe_experts(Context* c, const xinfer_op* op, bool run);
@@ -224,14 +223,6 @@ int check_route(Context* c, const xinfer_op* op, const xinfer_tensor& logits, co
                 const xinfer_route_params& rp);
 size_t route_smem_bytes(int E, const xinfer_route_params& rp);
 // attention.cu
-// i32 with n elements.
-bool is_i32(const xinfer_tensor& t, int64_t n);
-// A cache tensor is accepted as [pages, page_size, n_kv, d], or with page_stride given, any
-// tensor whose pages the stride describes.
-bool cache_ok(const xinfer_tensor& t, const xinfer_attention_batch& b, int64_t nkv, int64_t d);
-// Elements (bytes for fp8) between pages of one cache: the batch's page_stride, else a
-// contiguous [pages, page_size, nkv, d] tensor (fp8: each page is its values, then its row scales).
-int64_t cache_page_stride(const xinfer_attention_batch& b, int dtype, int64_t nkv, int64_t d);
 int op_kv_store(Context* c, const xinfer_op* op, bool run);
 int op_rope_kv_store(Context* c, const xinfer_op* op, bool run);
 int op_attention(Context* c, const xinfer_op* op, bool run);

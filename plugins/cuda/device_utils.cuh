@@ -52,12 +52,6 @@ __device__ __forceinline__ void pdl_begin() {
     pdl_launch_dependents();
 }
 
-// Asks L2 for `bytes` (a multiple of 16, from a 16-byte-aligned address) of global memory with one
-// bulk request (sm_90): nothing lands in the caller's registers or shared memory.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(bytes) : "memory");
-}
-
 // A counter other blocks of the grid raise (after a block barrier and __threadfence, as
 // cooperative groups' grid sync does): the acquire load orders the caller's later reads after
 // the writes those blocks published.

@@ -14,7 +14,6 @@
 #include "gemm.h"
 
 #include "device_utils.cuh"
-#include "qkv_rope.cuh"
 #include "weight_stream.cuh"
 
 #include <algorithm>
@@ -574,14 +573,10 @@ constexpr int kBf16MmaParts = 8; // bf16: a block per tile, its 8 warps streamin
 // kNorm (one row, f16 staging): x is not read; the block normalises the residual itself
 // (norm_rows_to_shared, after the ring's first rounds) and stages `normed` as f16; the end is
 // store_norm_once_read, as in norm_stream_gemv_kernel.
-// kRope (with kNorm, FP8 parts 2: 64 rows a block): y is one token's q|k|v row, and the block
-// rotates, scales and stores its rows into the KV cache itself (qkv_rope.cuh).
-template <bool kFp8, bool kEarly, bool kF16, typename Shape = MmaGemvRingDefault, bool kNorm = false, bool kRope = false>
-__global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamGemv p, NormArgs norm, QkvRope rope) {
+template <bool kFp8, bool kEarly, bool kF16, typename Shape = MmaGemvRingDefault, bool kNorm = false>
+__global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamGemv p, NormArgs norm) {
     static_assert(kFp8 || !kF16, "the f16 mma is for e4m3 weights");
     static_assert(!kNorm || kF16, "the norm-fused instance stages normed as f16");
-    static_assert(!kRope || (kNorm && kMmaGemvWarps / kFp8MmaParts * 16 == kQkvRopeBlockRows),
-                  "the rotating instance is the one-row norm GEMV, 64 rows a block");
     constexpr int kMmaGemvU = Shape::kU, kMmaGemvRing = Shape::kRing;
     // [warps][kMmaGemvRing][2 · kMmaGemvU][32], then (kF16) x as f16 [rows, K]
     extern __shared__ __align__(16) uint4 mma_ring[];
@@ -634,16 +629,7 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
     }
     [[maybe_unused]] NormWeights nw;
     if constexpr (kNorm) nw = load_norm_first(norm, K);
-    // kRope: the writer lanes' slot and angles, from host-written inputs (before the wait where
-    // early reads are on, as rope_kv_store_kernel reads them).
-    [[maybe_unused]] const QkvBlock qkv = kRope ? qkv_block(rope, int64_t(blockIdx.x) * kQkvRopeBlockRows) : QkvBlock{};
-    [[maybe_unused]] const bool writer = part == 0 && active && c == 0;  // holds token 0's rows g, g + 8
-    [[maybe_unused]] QkvLaneInputs lane_in;
-    if constexpr (kRope)
-        if (writer && rope.early) lane_in = qkv_lane_inputs(rope, qkv, tile * 16 + g);
     pdl_begin();
-    if constexpr (kRope)
-        if (writer && !rope.early) lane_in = qkv_lane_inputs(rope, qkv, tile * 16 + g);
     // kNorm: normed [K] and the updated residual [K] after x_f16.
     [[maybe_unused]] __nv_bfloat16* norm_s = reinterpret_cast<__nv_bfloat16*>(x_f16 + K);
     if constexpr (kNorm) {
@@ -685,11 +671,7 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamG
                 for (int i = 0; i < 4; ++i) acc[i] += partial[warp + q * tiles][i][lane];
     }
     // Accumulator i: row n0 + g (+8 for i ≥ 2), token 2c + (i & 1).
-    if constexpr (kRope) {
-        const float value[2] = {round_to(p.y_dtype, acc[0] * x_inv[0]), round_to(p.y_dtype, acc[2] * x_inv[0])};
-        store_qkv_rows(rope, qkv, lane_in, p.y, p.y_dtype, int64_t(blockIdx.x) * kQkvRopeBlockRows, tile * 16 + g,
-                       writer, value);
-    } else if (part == 0 && active)
+    if (part == 0 && active)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int64_t row = n0 + g + (i >= 2 ? 8 : 0);
@@ -754,15 +736,15 @@ int bf16_gemv_ring_shape() {
     static const int forced = env_ring_shape("XINFER_CUDA_BF16_GEMV_RING", {24, 42, 43, 26});
     return forced ? forced : 42;
 }
-// mma_gemv_kernel<kFp8, early ring, kF16, shape, kNorm, kRope> with a ring shape (U·10 + slots;
+// mma_gemv_kernel<kFp8, early ring, kF16, shape, kNorm> with a ring shape (U·10 + slots;
 // ring_bytes: its size).
-using MmaGemvKernel = void (*)(StreamGemv, NormArgs, QkvRope);
-template <bool kFp8, bool kF16, bool kNorm = false, bool kRope = false>
+using MmaGemvKernel = void (*)(StreamGemv, NormArgs);
+template <bool kFp8, bool kF16, bool kNorm = false>
 MmaGemvKernel early_ring_instance(int shape, size_t* ring_bytes) {
     const auto take = [&](auto ring) {
         using S = decltype(ring);
         *ring_bytes = S::kBytes;
-        return mma_gemv_kernel<kFp8, true, kF16, S, kNorm, kRope>;
+        return mma_gemv_kernel<kFp8, true, kF16, S, kNorm>;
     };
     switch (shape) {
         case 42: return take(MmaGemvRing<4, 2>{});
@@ -775,9 +757,8 @@ bool fp8_early_ring_enabled() {
     static const bool early = env_flag("XINFER_CUDA_FP8_EARLY_RING", true);
     return early;
 }
-// norm: the one-row FP8 norm GEMV (ADD_RMSNORM_MATMUL; fp8_norm_gemv_fits), else null; rope (with
-// norm): the q|k|v row rotated and stored by its blocks (ADD_RMSNORM_MATMUL_ROPE_KV_STORE).
-int launch_mma_gemv(Context* c, StreamGemv p, bool fp8, const NormArgs* norm = nullptr, const QkvRope* rope = nullptr) {
+// norm: the one-row FP8 norm GEMV (ADD_RMSNORM_MATMUL; fp8_norm_gemv_fits), else null.
+int launch_mma_gemv(Context* c, StreamGemv p, bool fp8, const NormArgs* norm = nullptr) {
     static_assert(MmaGemvRingDefault::kBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
     const bool early = fp8_early_ring_enabled();
     const int64_t tiles = ceil_div(p.n, int64_t(16));
@@ -788,8 +769,7 @@ int launch_mma_gemv(Context* c, StreamGemv p, bool fp8, const NormArgs* norm = n
     // keep the default ring.
     size_t ring_bytes = MmaGemvRingDefault::kBytes;
     const MmaGemvKernel kernel =
-        rope   ? early_ring_instance<true, true, true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
-        : norm ? early_ring_instance<true, true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
+        norm   ? early_ring_instance<true, true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
         : !early ? (!fp8 ? mma_gemv_kernel<false, false, false>
                    : f16 ? mma_gemv_kernel<true, false, true>
                          : mma_gemv_kernel<true, false, false>)
@@ -800,20 +780,18 @@ int launch_mma_gemv(Context* c, StreamGemv p, bool fp8, const NormArgs* norm = n
     XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int64_t blocks = ceil_div(tiles, int64_t(kMmaGemvWarps / p.split));
     return launch_pdl(c, "mma_gemv_kernel", kernel, dim3(unsigned(blocks)), dim3(kMmaGemvWarps * 32), smem, p,
-                      norm ? *norm : NormArgs{}, rope ? *rope : QkvRope{});
+                      norm ? *norm : NormArgs{});
 }
 
 // Whether the one-row FP8 norm GEMV runs: the f16-mma instance with the early ring would take the
 // matmul, and its blocks (ring, x_f16, normed and the residual in shared memory) fit one wave: the
 // last block waits for every block's arrival before it stores.
-// rope: the instance that rotates and stores a q|k|v row.
-bool fp8_norm_gemv_fits(Context* c, const StreamGemv& p, bool rope) {
+bool fp8_norm_gemv_fits(Context* c, const StreamGemv& p) {
     if (p.rows != 1 || !fp8_mma_gemv_fits(c, p, true) || !fp8_early_ring_enabled() ||
         !fp8_f16_mma_enabled(kF16MmaGemv) || size_t(p.k) * 2 > kFp8MmaF16MaxBytes)
         return false;
     size_t ring_bytes = 0;
-    const MmaGemvKernel kernel = rope ? early_ring_instance<true, true, true, true>(fp8_gemv_ring_shape(1), &ring_bytes)
-                                      : early_ring_instance<true, true, true>(fp8_gemv_ring_shape(1), &ring_bytes);
+    const MmaGemvKernel kernel = early_ring_instance<true, true, true>(fp8_gemv_ring_shape(1), &ring_bytes);
     const size_t smem = ring_bytes + size_t(p.k) * 6;
     if (smem > c->smem_optin ||
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
@@ -1259,17 +1237,7 @@ int op_matmul(Context* c, const xinfer_op* op, bool run) {
 // ADD_RMSNORM (or RMSNORM) and MATMUL. XINFER_CUDA_NORM_ROUTER=0 / XINFER_CUDA_NORM_GEMV=0: never
 // the first / second (A/B). H200: docs/perf/2026-12-01-h200-session17.md (routers),
 // docs/perf/2026-12-03-h200-session30.md (one row).
-namespace {
-
-// What ADD_RMSNORM_MATMUL (and ADD_RMSNORM_MATMUL_ROPE_KV_STORE, whose src0-4 and dst0-1 are
-// the same tensors) runs: a router's norm GEMV, a bf16 row's or an FP8 row's (rope: the instance
-// that rotates a q|k|v row), or none (unsupported: xinfer runs the norm and the matmul).
-struct NormMatmul {
-    enum Kind { kNone, kRouter, kBf16Row, kFp8Row } kind = kNone;
-    StreamGemv p;
-    NormArgs n;
-};
-NormMatmul plan_norm_matmul(Context* c, const xinfer_op* op, float eps, int block_rows, int block_cols, bool rope) {
+int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run) {
     const xinfer_tensor &residual = op->src[0], &x = op->src[1], &norm_w = op->src[2], &w = op->src[3],
                         &w_scale = op->src[4], &y = op->dst[0], &normed = op->dst[1];
     static const bool router_enabled = env_flag("XINFER_CUDA_NORM_ROUTER", true);
@@ -1287,105 +1255,45 @@ NormMatmul plan_norm_matmul(Context* c, const xinfer_op* op, float eps, int bloc
     const bool aligned = pointer_alignment(residual.data) >= 16 && pointer_alignment(normed.data) >= 16 &&
                          (!with_x || pointer_alignment(x.data) >= 16) && pointer_alignment(w.data) >= 16;
     const bool common = shapes_ok && acts_ok && aligned && K % 8 == 0 && gemv_pipeline_depth() == 2;
-    NormMatmul plan;
-    StreamGemv& p = plan.p;
+    const bool router = router_enabled && common && w.dtype == f32 && y.dtype == f32 && R <= kGemvMaxRows &&
+                        size_t(R) * size_t(K) * 4 <= kNormRouterMaxSmem;
+    const bool row = row_enabled && common && w.dtype == bf16 && (y.dtype == bf16 || y.dtype == f32) && R == 1 &&
+                     size_t(K) * 4 <= kNormGemvMaxSmem && w.shape[0] < (int64_t(1) << 31);
+    StreamGemv p;
     p.w = w.data;
     p.y = y.data;
     p.y_dtype = y.dtype;
     p.rows = int(R);
     p.n = w.shape[0];
     p.k = K;
-    if (router_enabled && !rope && common && w.dtype == f32 && y.dtype == f32 && R <= kGemvMaxRows &&
-        size_t(R) * size_t(K) * 4 <= kNormRouterMaxSmem) {
-        plan.kind = NormMatmul::kRouter;
-    } else if (row_enabled && !rope && common && w.dtype == bf16 && (y.dtype == bf16 || y.dtype == f32) && R == 1 &&
-               size_t(K) * 4 <= kNormGemvMaxSmem && w.shape[0] < (int64_t(1) << 31)) {
-        plan.kind = NormMatmul::kBf16Row;
-    } else if (fp8 && row_enabled && common && is_act(y.dtype) && R == 1 && w_scale.rank == 2 && w_scale.dtype == f32 &&
-               dense_gemv_enabled()) {
-        const int64_t br = block_rows > 0 ? block_rows : 128, bc = block_cols > 0 ? block_cols : 128;
+    bool fp8_row = false;
+    if (fp8 && row_enabled && common && is_act(y.dtype) && R == 1 && w_scale.rank == 2 &&
+        w_scale.dtype == f32 && dense_gemv_enabled()) {
+        const int64_t br = op->params.norm_matmul.block_rows > 0 ? op->params.norm_matmul.block_rows : 128;
+        const int64_t bc = op->params.norm_matmul.block_cols > 0 ? op->params.norm_matmul.block_cols : 128;
         int64_t shard_rows = 0, blocks_per_shard = 0;
         if (fit_scale_grid(p.n, K, br, bc, w_scale.shape[0], w_scale.shape[1], &shard_rows, &blocks_per_shard)) {
             set_stream_scales(p, w_scale, br, bc, shard_rows, blocks_per_shard);
-            if (fp8_norm_gemv_fits(c, p, rope)) plan.kind = NormMatmul::kFp8Row;
+            fp8_row = fp8_norm_gemv_fits(c, p);
         }
     }
-    NormArgs& n = plan.n;
-    n.residual = residual.data;
-    n.delta = with_x ? x.data : nullptr;
-    n.weight = norm_w.data;
-    n.weight_dtype = norm_w.dtype;
-    n.eps = eps;
-    n.normed = normed.data;
-    n.arrivals = c->arrivals;
-    return plan;
-}
-
-}  // namespace
-
-int op_add_rmsnorm_matmul(Context* c, const xinfer_op* op, bool run) {
-    const auto& params = op->params.norm_matmul;
-    const NormMatmul plan = plan_norm_matmul(c, op, params.eps, params.block_rows, params.block_cols, false);
-    if (plan.kind == NormMatmul::kNone)
+    if (!router && !row && !fp8_row)
         return unsupported(c, op, "the norm is fused only for a router (f32 w, bf16 activations, f32 y, ≤ %d rows, "
                            "rows·K ≤ %zu), one row of bf16 w (K ≤ %zu) or one row of f8_e4m3 w on the one-wave "
                            "tensor-core GEMV; K %% 8 == 0, the default GEMV pipeline (XINFER_CUDA_NORM_ROUTER / "
                            "XINFER_CUDA_NORM_GEMV on); xinfer runs the norm and the matmul",
                            kGemvMaxRows, kNormRouterMaxSmem / 4, kNormGemvMaxSmem / 4);
-    if (!run || plan.p.rows == 0) return XINFER_OK;
-    switch (plan.kind) {
-        case NormMatmul::kFp8Row: return launch_mma_gemv(c, plan.p, true, &plan.n);
-        case NormMatmul::kRouter: return launch_norm_stream_gemv(c, plan.p, plan.n);
-        default: return launch_norm_row_gemv(c, plan.p, plan.n);
-    }
-}
-
-// XINFER_CUDA_QKV_ROPE=0 refuses it: xinfer runs ADD_RMSNORM_MATMUL and ROPE_KV_STORE (A/B runs).
-int op_add_rmsnorm_matmul_rope_kv_store(Context* c, const xinfer_op* op, bool run) {
-    static const bool enabled = env_flag("XINFER_CUDA_QKV_ROPE", true);
-    if (!enabled) return unsupported(c, op, "turned off by XINFER_CUDA_QKV_ROPE=0");
-    const auto& params = op->params.norm_matmul_rope;
-    const xinfer_tensor &y = op->dst[0], &k_cache = op->src[5], &v_cache = op->src[6], &positions = op->src[7];
-    const xinfer_attention_batch& b = op->batch;
-    const int64_t nq = params.n_q_heads, nkv = params.n_kv_heads, dk = params.head_dim_k, rot = params.rotary_dim;
-    const int64_t qk = (nq + nkv) * dk, N = cols_of(y);
-    const int64_t dv = nkv > 0 && N > qk ? (N - qk) / nkv : 0;
-    const bool float_caches = is_float(k_cache.dtype) && is_float(v_cache.dtype);
-    if (nq <= 0 || nkv <= 0 || dk % kQkvRopeBlockRows != 0 || dv % kQkvRopeBlockRows != 0 || dv <= 0 ||
-        qk + nkv * dv != N || rot <= 0 || rot % 32 != 0 || rot > kQkvRopeBlockRows || rot > dk || rows_of(y) != 1 ||
-        !float_caches || b.page_size <= 0 || !cache_ok(k_cache, b, nkv, dk) || !cache_ok(v_cache, b, nkv, dv) ||
-        !is_i32(positions, 1) || !is_i32(b.slot_mapping, 1))
-        return unsupported(c, op, "y %s as %lld q heads and %lld kv heads of dims %lld / %lld, rotary_dim %lld, caches "
-                           "%s / %s, positions %s, slot_mapping %s: one token, head dims multiples of %d, rotary_dim "
-                           "a multiple of 32 up to %d, float caches (fp8 caches: xinfer runs the two ops)",
-                           shape_str(y).c_str(), (long long)nq, (long long)nkv, (long long)dk, (long long)dv,
-                           (long long)rot, shape_str(k_cache).c_str(), shape_str(v_cache).c_str(),
-                           shape_str(positions).c_str(), shape_str(b.slot_mapping).c_str(), kQkvRopeBlockRows,
-                           kQkvRopeBlockRows);
-    const NormMatmul plan = plan_norm_matmul(c, op, params.eps, params.block_rows, params.block_cols, true);
-    if (plan.kind != NormMatmul::kFp8Row)
-        return unsupported(c, op, "only one row of f8_e4m3 weights on the one-wave tensor-core GEMV rotates its rows "
-                           "(bf16 activations, K %% 8 == 0, ≥ one 64-row block a SM); xinfer runs the two ops");
-    if (!run) return XINFER_OK;
-    QkvRope r;
-    r.k_cache = k_cache.data;
-    r.v_cache = v_cache.data;
-    r.kc_dtype = k_cache.dtype;
-    r.vc_dtype = v_cache.dtype;
-    r.positions = static_cast<const int32_t*>(positions.data);
-    r.slot_mapping = static_cast<const int32_t*>(b.slot_mapping.data);
-    r.n_q = int(nq);
-    r.n_kv = int(nkv);
-    r.dk = int(dk);
-    r.dv = int(dv);
-    r.rotary_dim = int(rot);
-    r.page_size = b.page_size;
-    r.theta = params.theta;
-    r.value_scale = params.value_scale;
-    r.k_page_stride = cache_page_stride(b, k_cache.dtype, nkv, dk);
-    r.v_page_stride = cache_page_stride(b, v_cache.dtype, nkv, dv);
-    r.early = early_reads();
-    return launch_mma_gemv(c, plan.p, true, &plan.n, &r);
+    if (!run || R == 0) return XINFER_OK;
+    NormArgs n;
+    n.residual = residual.data;
+    n.delta = with_x ? x.data : nullptr;
+    n.weight = norm_w.data;
+    n.weight_dtype = norm_w.dtype;
+    n.eps = op->params.norm_matmul.eps;
+    n.normed = normed.data;
+    n.arrivals = c->arrivals;
+    if (fp8_row) return launch_mma_gemv(c, p, true, &n);
+    return router ? launch_norm_stream_gemv(c, p, n) : launch_norm_row_gemv(c, p, n);
 }
 
 }  // namespace xcuda

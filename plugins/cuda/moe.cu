@@ -558,8 +558,8 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
                             const float* weights /*[T, top_k]*/, int T, int top_k, int E,
                             const void* down /*[E, H, I]*/, const float* scale /*[E, srows, scols] or null*/,
                             int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
-                            int64_t H, int k_parts, bool h_in_smem, bool l2_early, void* out /*[T, H]*/,
-                            int out_dtype, RouteArgs route) {
+                            int64_t H, int k_parts, bool h_in_smem, void* out /*[T, H]*/, int out_dtype,
+                            RouteArgs route) {
     extern __shared__ __align__(16) int plan_smem[];
     const int P = T * top_k;
     if (route.logits) {  // MOE_ROUTE_EXPERTS, one token: route it here (the logits are complete, as ids are below)
@@ -613,14 +613,6 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
     Loads loads = loads_of(unit_at(min(warp, max(nd * k_parts - 1, 0))));
     if constexpr (kRing > 0)
         if (early) ring_issue_first<kRing>(loads, ring, lane);
-    // l2_early: the block's whole share of each expert (16 contiguous rows) is asked of L2 at once,
-    // so that blocks entering while gate_up's last blocks still stream keep DRAM busy through that
-    // tail (session 27: gate_up's block ends spread over 7 µs, DRAM partly idle).
-    if (l2_early && int(threadIdx.x) < nd) {
-        const int64_t rows = min(int64_t(16), H - n0);
-        prefetch_l2_bulk(static_cast<const char*>(down) + (int64_t(slot_expert[threadIdx.x]) * H + n0) * I * kBytes,
-                         uint32_t(rows * I * kBytes) & ~15u);
-    }
     pdl_begin();  // h comes from the gate_up kernel
     // h_in_smem: the block copies h [P, I] into shared memory once (after the ring), so the
     // activation fragments are shared-memory reads instead of an L2 round trip per chunk. (Staged
@@ -803,12 +795,6 @@ bool moe_ring_enabled() {
 // MiMo's I = 2,048: 8 pairs, 32 KB; two blocks still fit per SM). XINFER_CUDA_MOE_H_SMEM=0: h
 // fragments straight from L2.
 constexpr size_t kDownHSmemMaxBytes = 48 * 1024;
-// XINFER_CUDA_MOE_DOWN_L2=0: the grouped down kernel does not ask L2 for its weights before its wait (A/B).
-bool moe_down_l2_enabled() {
-    static const bool enabled = env_flag("XINFER_CUDA_MOE_DOWN_L2", true);
-    return enabled;
-}
-
 bool moe_h_in_smem_enabled() {
     static const bool enabled = env_flag("XINFER_CUDA_MOE_H_SMEM", true);
     return enabled;
@@ -917,14 +903,11 @@ int launch_grouped_down(Context* c, const GroupedArgs& a) {
     }
     const RouteArgs route = with_route_scratch(a, smem, smem);  // after everything: the chosen ids and weights live on
     if (int rc = allow_smem(c, kernel, smem)) return rc;
-    // The bulk prefetch needs 16-byte-aligned row blocks.
-    const bool l2_early = moe_down_l2_enabled() && a.I * (kFp8 ? 1 : 2) % 16 == 0 &&
-                          reinterpret_cast<uintptr_t>(a.down) % 16 == 0;
     return launch_pdl(c, "moe_grouped_down_kernel", kernel,
                       dim3(unsigned(ceil_div(a.H, 16))), dim3(kDownWarps * 32), smem,
                       static_cast<const __nv_bfloat16*>(a.h), a.ids, a.weights, a.T, a.top_k, a.E, a.down,
                       a.down_scale, a.dn_scale_rows, a.dn_scale_cols, a.block_rows, a.block_cols, a.I, a.H, k_parts,
-                      h_in_smem, l2_early, a.out, a.out_dtype, route);
+                      h_in_smem, a.out, a.out_dtype, route);
 }
 
 // One token, bf16 experts: every pair has its own expert (a token picks an expert once), so the

@@ -29,10 +29,6 @@ xinfer_attention_batch to_abi(const AttentionBatch& b, int page_size) {
 
 }  // namespace
 
-// Optional fused ops add members to the params union without growing it (so without a version
-// bump): its largest member stays xinfer_attention_params.
-static_assert(sizeof(xinfer_op{}.params) == sizeof(xinfer_attention_params), "xinfer_op's params union grew");
-
 Backend::Backend(const xinfer_backend_api* api, int device, std::string label) : api_(api), label_(std::move(label)) {
     if (api_->device_props(device, &props_) != XINFER_OK) fail("backend {}: cannot query device {}", label_, device);
     if (api_->context_create(device, &ctx_) != XINFER_OK)
@@ -189,51 +185,6 @@ void Backend::add_rmsnorm_matmul(const Tensor& residual, const Tensor& x, const 
         rmsnorm(residual, norm_weight, eps, normed);
     }
     matmul(normed, w, y, w_scale);
-}
-
-QkvRow split_qkv_row(const Tensor& y, const QkvHeads& h) {
-    if (y.rank != 2 || y.dim(0) != 1 || y.dim(1) != h.width())
-        fail("split_qkv_row: y {} is not one row of {} q heads, {} kv heads, dims {}/{} ({} elements)", y.shape_string(),
-             h.n_q, h.n_kv, h.head_dim_k, h.head_dim_v, h.width());
-    char* row = static_cast<char*>(y.data);
-    const size_t element = dtype_size(y.dtype);
-    return {Tensor(row, y.dtype, {1, h.n_q, h.head_dim_k}),
-            Tensor(row + size_t(h.n_q * h.head_dim_k) * element, y.dtype, {1, h.n_kv, h.head_dim_k}),
-            Tensor(row + size_t((h.n_q + h.n_kv) * h.head_dim_k) * element, y.dtype, {1, h.n_kv, h.head_dim_v})};
-}
-
-void Backend::add_rmsnorm_matmul_rope_kv_store(const Tensor& residual, const Tensor& x, const Tensor& norm_weight,
-                                               float eps, const Tensor& normed, const Tensor& w,
-                                               const BlockScales& w_scale, const QkvHeads& heads, const Tensor& y,
-                                               const Tensor& positions, const RopeParams& rope_params,
-                                               float value_scale, const Tensor& k_cache, const Tensor& v_cache,
-                                               const AttentionBatch& batch) {
-    const QkvRow qkv = split_qkv_row(y, heads);
-    xinfer_op op = make_op(XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE, layer_);
-    op.src[0] = to_abi(residual);
-    op.src[1] = to_abi(x);  // absent (rank 0, NULL) when x is empty
-    op.src[2] = to_abi(norm_weight);
-    op.src[3] = to_abi(w);
-    if (!w_scale.empty()) op.src[4] = to_abi(w_scale.scale);
-    op.src[5] = to_abi(k_cache);
-    op.src[6] = to_abi(v_cache);
-    op.src[7] = to_abi(positions);
-    op.dst[0] = to_abi(y);
-    op.dst[1] = to_abi(normed);
-    auto& p = op.params.norm_matmul_rope;
-    p.eps = eps;
-    p.block_rows = w_scale.block_rows;
-    p.block_cols = w_scale.block_cols;
-    p.rotary_dim = rope_params.rotary_dim;
-    p.theta = rope_params.theta;
-    p.value_scale = value_scale;
-    p.n_q_heads = int32_t(heads.n_q);
-    p.n_kv_heads = int32_t(heads.n_kv);
-    p.head_dim_k = int32_t(heads.head_dim_k);
-    op.batch = to_abi(batch, int(k_cache.dim(1)));
-    if (supports(op)) return run(op);
-    add_rmsnorm_matmul(residual, x, norm_weight, eps, normed, w, y, w_scale);
-    rope_kv_store(qkv.q, qkv.k, qkv.v, positions, rope_params, value_scale, k_cache, v_cache, batch);
 }
 
 void Backend::rope(const Tensor& x, const Tensor& positions, const RopeParams& params) {

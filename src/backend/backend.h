@@ -88,21 +88,6 @@ struct BlockScales {
     bool empty() const { return scale.data == nullptr; }
 };
 
-// The heads of one token's fused q|k|v projection row y[1, n_q·dk + n_kv·(dk + dv)]: q, then k,
-// then v, each head's dims consecutive.
-struct QkvHeads {
-    int64_t n_q = 0, n_kv = 0;
-    int64_t head_dim_k = 0, head_dim_v = 0;
-    int64_t width() const { return n_q * head_dim_k + n_kv * (head_dim_k + head_dim_v); }
-};
-struct QkvRow {
-    Tensor q;  // [1, n_q, dk]
-    Tensor k;  // [1, n_kv, dk]
-    Tensor v;  // [1, n_kv, dv]
-};
-// Views of y's q, k and v (no copy); throws unless y is one row of heads.width() elements.
-QkvRow split_qkv_row(const Tensor& y /*[1, width]*/, const QkvHeads& heads);
-
 // The C++ face of one device context: allocation, copies, and the fused ops, each translated
 // into an xinfer_op and run through the backend's plugin table (include/xinfer/backend_abi.h).
 // The CPU backend is such a table too, built in, so every backend is reached the same way.
@@ -166,18 +151,6 @@ public:
                             const Tensor& x /*[R, K] or empty Tensor: plain rmsnorm*/,
                             const Tensor& norm_weight /*[K]*/, float eps, const Tensor& normed /*[R, K]*/,
                             const Tensor& w /*[N, K]*/, const Tensor& y /*[R, N]*/, const BlockScales& w_scale = {});
-    // One token's attention prologue: add_rmsnorm_matmul into y = its q|k|v row (w the fused
-    // projection), then rope_kv_store on y's q, k and v (split_qkv_row), which stay in y rotated
-    // and scaled. One op where the backend has it (on a GPU the projection rotates and stores its
-    // own rows: one launch fewer a layer), else those two.
-    void add_rmsnorm_matmul_rope_kv_store(const Tensor& residual /*[1, K] in/out*/,
-                                          const Tensor& x /*[1, K] or empty Tensor: plain rmsnorm*/,
-                                          const Tensor& norm_weight /*[K]*/, float eps, const Tensor& normed /*[1, K]*/,
-                                          const Tensor& w /*[width, K]*/, const BlockScales& w_scale,
-                                          const QkvHeads& heads, const Tensor& y /*[1, width]*/,
-                                          const Tensor& positions /*[1] i32*/, const RopeParams& rope,
-                                          float value_scale, const Tensor& k_cache, const Tensor& v_cache,
-                                          const AttentionBatch& batch);
     // In place, on the first rotary_dim dims of every head.
     void rope(const Tensor& x /*[T, heads, head_dim] in/out*/, const Tensor& positions /*[T] i32*/, const RopeParams& params);
     // out = silu(gate) * up, with gate_up = [gate | up] along the last dim.

@@ -85,14 +85,6 @@ CaseData start(xinfer_op_type type);
 // k distinct values of [0, n), in random order.
 std::vector<int32_t> distinct(int64_t n, int64_t k, std::mt19937& rng);
 
-// A dense f8_e4m3 weight [N, K] in src slot `weight_slot`, with f32 block scales [shards ·
-// ceil(N / shards / br), ceil(K / bc)] in `scale_slot` (a grid that restarts every N / shards rows,
-// as tensor-parallel exports write it). The device gets the e4m3 bytes and scales; the reference
-// (no fp8 MATMUL) gets the same weights dequantized to f32. `perf`: bytes filled on the device, no
-// reference tensor.
-void push_fp8_matrix(CaseData& d, int weight_slot, int scale_slot, int64_t N, int64_t K, int64_t br, int64_t bc,
-                     int64_t shards, bool perf, uint32_t seed, std::mt19937& rng);
-
 // ---- paged KV: kv_store and attention (op_cases_attention.cpp) ----------------------------------------
 
 // Where one layer's K and V live: their own [pages, page_size, n_kv, d] tensors, or (pool_layers
@@ -146,20 +138,6 @@ struct RopeKvStoreSpec {
     uint32_t seed;
 };
 OpCase rope_kv_store_case(const RopeKvStoreSpec& s);
-
-// One token's norm, fused q|k|v projection and attention prologue (ADD_RMSNORM_MATMUL_ROPE_KV_STORE).
-struct QkvPrologueSpec {
-    int64_t K, n_q;
-    int rotary_dim;
-    float theta, value_scale;
-    CacheGeometry cache;  // n_kv, dk, dv; not fp8
-    DType w_dtype;        // bf16, or f8_e4m3 with 128×128 block scales
-    bool with_x;          // residual += x first (every layer but the first)
-    bool stored;          // false: the token's slot is -1 (a graph bucket's padding row: rotated, not stored)
-    bool perf;            // weights filled on the device, no reference
-    uint32_t seed;
-};
-OpCase qkv_prologue_case(const QkvPrologueSpec& s);
 
 struct AttentionSpec {
     std::string label;

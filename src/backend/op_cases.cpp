@@ -431,10 +431,13 @@ OpCase moe_route_experts_case(const RouteExpertsSpec& s) {
                      });
 }
 
-}  // namespace
-
 // ---- dense few-token matmuls (plugins/cuda/gemm.cu stream_gemv_kernel) ------------------------------
 
+// A dense f8_e4m3 weight [N, K] in src slot `weight_slot`, with f32 block scales [shards ·
+// ceil(N / shards / br), ceil(K / bc)] in `scale_slot` (a grid that restarts every N / shards rows,
+// as tensor-parallel exports write it). The device gets the e4m3 bytes and scales; the reference
+// (no fp8 MATMUL) gets the same weights dequantized to f32. `perf`: bytes filled on the device, no
+// reference tensor.
 void push_fp8_matrix(CaseData& d, int weight_slot, int scale_slot, int64_t N, int64_t K, int64_t br, int64_t bc,
                      int64_t shards, bool perf, uint32_t seed, std::mt19937& rng) {
     const int64_t shard_rows = N / shards, per_shard = (shard_rows + br - 1) / br;
@@ -471,8 +474,6 @@ void push_fp8_matrix(CaseData& d, int weight_slot, int scale_slot, int64_t N, in
     d.tensors.push_back(std::move(w));
     d.tensors.push_back(std::move(scale));
 }
-
-namespace {
 
 // Dense MATMUL with f8_e4m3 weights (push_fp8_matrix). `perf`: weights filled on the device, no
 // reference tensor.
@@ -565,19 +566,6 @@ void add_decode_matmul_cases(std::vector<OpCase>& cases, uint32_t& seed) {
     // 64-column chunk, with and without x (layer 0): the norm inside mma_gemv_kernel.
     for (bool with_x : {true, false})
         cases.push_back(add_rmsnorm_matmul_case(1, 1104, 8464, DType::f8_e4m3, with_x, ++seed));
-    // ... and the attention prologue with it (cuda: the projection rotates and stores its rows):
-    // a sliding layer (8 KV heads), a full layer (4) in a pooled cache without x, a padding row.
-    const DType f8 = DType::f8_e4m3;
-    cases.push_back(qkv_prologue_case({4096, 64, 64, 1e4f, 0.707f,
-                                       {.n_pages = 8, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128}, f8, true, true,
-                                       false, ++seed}));
-    cases.push_back(qkv_prologue_case({4096, 64, 64, 5e6f, 0.707f,
-                                       {.n_pages = 6, .page_size = 16, .n_kv = 4, .dk = 192, .dv = 128, .pool_layers = 3,
-                                        .layer = 2, .pad = 8},
-                                       f8, false, true, false, ++seed}));
-    cases.push_back(qkv_prologue_case({4096, 64, 64, 1e4f, 0.707f,
-                                       {.n_pages = 8, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128}, f8, true, false,
-                                       false, ++seed}));
 }
 
 // Perf: the same shapes at T = 1, 3, 8 (bf16, fp8), lm_head at T = 1 and 8, routers; serving batches.
@@ -819,14 +807,6 @@ std::vector<OpCase> correctness_cases() {
         {6, 4, 16, 1e4f, 2.f, {.n_pages = 5, .page_size = 16, .n_kv = 2, .dk = 24, .dv = 16, .dtype = DType::f32}, ++seed}));
     cases.push_back(rope_kv_store_case({9, 12, 32, 1e4f, 0.5f, {.n_pages = 6, .page_size = 7, .n_kv = 3, .dk = 40, .dv = 24,
                                                                 .pool_layers = 3, .layer = 2, .pad = 8}, ++seed}));
-    // ... from the residual stream, with the norm and the q|k|v projection: MiMo's head dims, a
-    // pooled cache and a padding row's slot -1 (FP8 weights, which cuda takes, are among the
-    // opt-in decode cases: add_decode_matmul_cases).
-    cases.push_back(qkv_prologue_case({256, 4, 64, 1e4f, 0.707f, {.n_pages = 8, .page_size = 16, .n_kv = 2, .dk = 192, .dv = 128},
-                                       bf16, true, true, false, ++seed}));
-    cases.push_back(qkv_prologue_case({264, 6, 32, 5e6f, 1.f, {.n_pages = 6, .page_size = 16, .n_kv = 3, .dk = 64, .dv = 64,
-                                                                .pool_layers = 3, .layer = 1, .pad = 8},
-                                       bf16, false, false, false, ++seed}));
 
     // Attention: every variant the models use. Page size 16 with shuffled tables throughout.
     auto attention = [&](AttentionSpec s) {
@@ -1061,12 +1041,6 @@ std::vector<OpCase> perf_cases() {
     // 8·128 rows) and a MoE layer's router.
     cases.push_back(add_rmsnorm_matmul_case(1, hidden, 64 * 192 + 8 * 192 + 8 * 128, bf16, true, ++seed));
     cases.push_back(add_rmsnorm_matmul_case(1, hidden, 256, DType::f32, true, ++seed));
-    // ... the same q|k|v of FP8 weights, alone and with the attention prologue inside (cuda: one
-    // launch instead of the norm GEMV and rope_kv_store).
-    cases.push_back(add_rmsnorm_matmul_case(1, hidden, 64 * 192 + 8 * 192 + 8 * 128, DType::f8_e4m3, true, ++seed));
-    cases.push_back(qkv_prologue_case({hidden, 64, 64, 1e4f, 0.707f,
-                                       {.n_pages = 4096, .page_size = 16, .n_kv = 8, .dk = 192, .dv = 128},
-                                       DType::f8_e4m3, true, true, true, ++seed}));
     for (int T : {1, 4, 8}) cases.push_back(moe_experts_case(T, hidden, 2048, 8, 8, bf16, ++seed));
     for (int T : {8, 16, 64}) cases.push_back(moe_experts_case(T, hidden, 2048, 32, 8, bf16, ++seed));
     // ... and routed as the dummy-weight serving bench routes (a few experts picked by every token).
@@ -1340,21 +1314,6 @@ OpCost op_cost(const CaseData& data, const xinfer_op& op) {
             cost.bytes = (add ? 2 : 1) * bytes(op.src[0]) + bytes(op.src[1]) + bytes(op.src[2]) + bytes(op.dst[1]) +
                          bytes(w) + bytes(op.src[4]) + bytes(op.dst[0]);
             cost.flops = 2.0 * double(from_abi(op.src[0]).rows()) * double(w.shape[0]) * double(w.shape[1]);
-            break;
-        }
-        case XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE: {
-            // ADD_RMSNORM_MATMUL's traffic (y written once, rotated and scaled as it is stored), the
-            // new token's k and v rows written to the caches, its position and slot read.
-            const xinfer_tensor& w = op.src[3];
-            const bool add = op.src[1].rank > 0;
-            const auto& p = op.params.norm_matmul_rope;
-            const CaseTensor* slots = find_slot(data, Slot::slot_mapping);
-            const bool stored = slots && !slots->ints.empty() && slots->ints[0] >= 0;
-            const double kv_row = double(w.shape[0] - int64_t(p.n_q_heads) * p.head_dim_k) * esize(op.dst[0]);
-            cost.bytes = (add ? 2 : 1) * bytes(op.src[0]) + bytes(op.src[1]) + bytes(op.src[2]) + bytes(op.dst[1]) +
-                         bytes(w) + bytes(op.src[4]) + bytes(op.dst[0]) + bytes(op.src[7]) +
-                         bytes(op.batch.slot_mapping) + (stored ? kv_row : 0.0);
-            cost.flops = 2.0 * double(w.shape[0]) * double(w.shape[1]);
             break;
         }
         case XINFER_OP_ROPE: {

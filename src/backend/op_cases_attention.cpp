@@ -107,56 +107,6 @@ OpCase rope_kv_store_case(const RopeKvStoreSpec& s) {
                      });
 }
 
-// The fused prologue from the residual stream against the CPU's ops: y (the q|k|v row, q and k
-// rotated, v scaled) and normed within the matmul tolerance, the residual as add_rmsnorm's, the
-// caches as rope_kv_store's (NMSE: the reference rotates in f32).
-OpCase qkv_prologue_case(const QkvPrologueSpec& s) {
-    const CacheGeometry& g = s.cache;
-    const int64_t N = s.n_q * g.dk + g.n_kv * (g.dk + g.dv);
-    return make_case(XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE,
-                     fmt::format("add_rmsnorm_matmul_rope_kv_store(K={}, q_heads={}, kv_heads={}, d={}/{}, rotary={}, "
-                                 "w={}, {}, {}, {})",
-                                 s.K, s.n_q, g.n_kv, g.dk, g.dv, s.rotary_dim, dtype_name(s.w_dtype),
-                                 s.with_x ? "x" : "no x", s.stored ? "stored" : "slot -1", g.describe()),
-                     kMatmul, [s, N] {
-                         std::mt19937 rng(s.seed);
-                         const CacheGeometry& g = s.cache;
-                         XINFER_CHECK(!g.fp8(), "qkv_prologue_case: fp8 caches are KV_STORE's cases");
-                         CaseData d = start(XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE);
-                         auto& p = d.op.params.norm_matmul_rope;
-                         p.eps = 1e-6f;
-                         p.rotary_dim = s.rotary_dim;
-                         p.theta = s.theta;
-                         p.value_scale = s.value_scale;
-                         p.n_q_heads = int32_t(s.n_q);
-                         p.n_kv_heads = int32_t(g.n_kv);
-                         p.head_dim_k = int32_t(g.dk);
-                         d.tensors.push_back(act_inout("residual", src(0), {1, s.K}, rng, -3.f, 3.f));
-                         if (s.with_x) d.tensors.push_back(act_input("x", src(1), {1, s.K}, rng));
-                         d.tensors.push_back(fixed_input("norm_weight", src(2), DType::f32, {s.K}, rng, 0.5f, 1.5f));
-                         if (s.w_dtype == DType::f8_e4m3) {
-                             p.block_rows = p.block_cols = 128;
-                             push_fp8_matrix(d, 3, 4, N, s.K, 128, 128, 1, s.perf, s.seed, rng);
-                         } else {
-                             const float a = std::sqrt(3.f / float(s.K));  // unit-variance outputs
-                             d.tensors.push_back(fixed_input("w", src(3), s.w_dtype, {N, s.K}, rng, -a, a));
-                         }
-                         const auto [k_index, v_index] = add_caches(d, g, 5, Access::inout, 0.f);
-                         for (size_t i : {k_index, v_index}) {
-                             for (float& x : d.tensors[i].values) x = std::uniform_real_distribution<float>(-1, 1)(rng);
-                             if (d.tensors[i].access == Access::inout) d.tensors[i].compare = Compare::nmse;
-                         }
-                         d.tensors.push_back(i32_input("positions", src(7), {1},
-                                                       {std::uniform_int_distribution<int32_t>(0, 200000)(rng)}));
-                         const int32_t slot = s.stored ? distinct(g.n_pages * g.page_size, 1, rng)[0] : -1;
-                         d.tensors.push_back(i32_input("slot_mapping", {Slot::slot_mapping}, {1}, {slot}));
-                         d.op.batch.page_size = int32_t(g.page_size);
-                         d.tensors.push_back(act_output("y", dst(0), {1, N}));
-                         d.tensors.push_back(act_output("normed", dst(1), {1, s.K}));
-                         return d;
-                     });
-}
-
 // Keys [lo, hi] query position p of a sequence with kv_len keys may see (the CPU's rule).
 std::pair<int64_t, int64_t> visible_keys(int64_t p, int64_t kv_len, int window, bool causal) {
     int64_t lo = 0, hi = kv_len - 1;

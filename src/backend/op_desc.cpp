@@ -56,7 +56,6 @@ const char* op_type_name(int type) {
         case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
         case XINFER_OP_ADD_RMSNORM_MATMUL: return "add_rmsnorm_matmul";
         case XINFER_OP_MOE_ROUTE_EXPERTS: return "moe_route_experts";
-        case XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE: return "add_rmsnorm_matmul_rope_kv_store";
         default: return "unknown";
     }
 }
@@ -91,8 +90,6 @@ Roles roles_of(int type) {
         case XINFER_OP_ADD_RMSNORM_MATMUL: return {{"residual", "x", "norm_weight", "w", "w_scale"}, {"y", "normed"}};
         case XINFER_OP_MOE_ROUTE_EXPERTS:
             return {{"x", "logits", "bias", "gate_up", "down", "gate_up_scale", "down_scale"}, {"out"}};
-        case XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE:
-            return {{"residual", "x", "norm_weight", "w", "w_scale", "k_cache", "v_cache", "positions"}, {"y", "normed"}};
         default: return {};
     }
 }
@@ -123,18 +120,12 @@ std::string describe_op(const xinfer_op& op) {
 
 uint64_t op_bytes(const xinfer_op& op) {
     // KV caches are whole pools of which an op touches a small part, so they are left out.
-    const auto is_cache = [&](int i) {
-        switch (op.type) {
-            case XINFER_OP_ATTENTION: return i == 1 || i == 2;
-            case XINFER_OP_KV_STORE:
-            case XINFER_OP_ROPE_KV_STORE: return i == 2 || i == 3;
-            case XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE: return i == 5 || i == 6;
-            default: return false;
-        }
-    };
+    const bool has_cache =
+        op.type == XINFER_OP_ATTENTION || op.type == XINFER_OP_KV_STORE || op.type == XINFER_OP_ROPE_KV_STORE;
     uint64_t bytes = 0;
     for (int i = 0; i < 8; ++i) {
-        if (present(op.src[i]) && !is_cache(i)) bytes += from_abi(op.src[i]).nbytes();
+        const bool is_cache = has_cache && (op.type == XINFER_OP_ATTENTION ? (i == 1 || i == 2) : (i == 2 || i == 3));
+        if (present(op.src[i]) && !is_cache) bytes += from_abi(op.src[i]).nbytes();
     }
     for (const xinfer_tensor& t : op.dst)
         if (present(t)) bytes += from_abi(t).nbytes();

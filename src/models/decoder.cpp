@@ -489,23 +489,10 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
         // The previous layer's FFN output is added to the residual stream here (fused with this
         // layer's norm), so that is where the previous layer's output becomes visible. One token
         // with the fused q|k|v projection: the norm and that projection are one op.
-        // Without a q/k norm between the projection and the rotation, the attention prologue
-        // (rope, value scale, KV store) joins that op too.
         const bool one_qkv_row = n_tokens == 1 && w.qkv_proj.data;
-        const bool fused_prologue = one_qkv_row && !config_.qk_norm;
-        const AttentionBatch& group = batch.groups[size_t(batch.layer_group[il])];
-        const LayerCache& cache = batch.caches[il];
-        const RopeParams rope{spec.rotary_dim, spec.rope_theta};
-        const QkvHeads heads{n_q, n_kv, dk, dv};
         Tensor qkv;  // [1, q + k + v] when one_qkv_row
-        if (fused_prologue) {
-            qkv = scratch.make(act, {1, heads.width()});
-            backend_.add_rmsnorm_matmul_rope_kv_store(residual, il == 0 ? Tensor() : block_out, w.input_norm, eps,
-                                                      normed, w.qkv_proj, w.qkv_proj_scale, heads, qkv,
-                                                      batch.positions, rope, config_.value_scale, cache.k, cache.v,
-                                                      group);
-        } else if (one_qkv_row) {
-            qkv = scratch.make(act, {1, heads.width()});
+        if (one_qkv_row) {
+            qkv = scratch.make(act, {1, w.qkv_proj.dim(0)});
             backend_.add_rmsnorm_matmul(residual, il == 0 ? Tensor() : block_out, w.input_norm, eps, normed,
                                         w.qkv_proj, qkv, w.qkv_proj_scale);
         } else if (il == 0) {
@@ -518,10 +505,12 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
 
         Tensor q, k, v;  // [n_tokens, n_q, dk], [n_tokens, n_kv, dk], [n_tokens, n_kv, dv]
         if (one_qkv_row) {
-            const QkvRow row = split_qkv_row(qkv, heads);  // consecutive slices of the token's one row
-            q = row.q;
-            k = row.k;
-            v = row.v;
+            // q, k and v are consecutive slices of the token's one row.
+            char* row = static_cast<char*>(qkv.data);
+            const size_t element = dtype_size(act);
+            q = Tensor(row, act, {1, n_q, dk});
+            k = Tensor(row + size_t(n_q * dk) * element, act, {1, n_kv, dk});
+            v = Tensor(row + size_t((n_q + n_kv) * dk) * element, act, {1, n_kv, dv});
         } else {
             q = scratch.make(act, {n_tokens, n_q, dk});
             k = scratch.make(act, {n_tokens, n_kv, dk});
@@ -534,8 +523,10 @@ void DecoderModel::forward(const ForwardBatch& batch, const Tensor& logits) {
             backend_.rmsnorm(q.reshape({n_tokens * n_q, dk}), w.q_norm, eps, q.reshape({n_tokens * n_q, dk}));
             backend_.rmsnorm(k.reshape({n_tokens * n_kv, dk}), w.k_norm, eps, k.reshape({n_tokens * n_kv, dk}));
         }
-        if (!fused_prologue)
-            backend_.rope_kv_store(q, k, v, batch.positions, rope, config_.value_scale, cache.k, cache.v, group);
+        const AttentionBatch& group = batch.groups[size_t(batch.layer_group[il])];
+        const LayerCache& cache = batch.caches[il];
+        backend_.rope_kv_store(q, k, v, batch.positions, {spec.rotary_dim, spec.rope_theta}, config_.value_scale,
+                               cache.k, cache.v, group);
         tap("q", layer, q);
         tap("k", layer, k);
         tap("v", layer, v);

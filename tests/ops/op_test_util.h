@@ -24,8 +24,7 @@ inline Backend& cpu_backend() {
 // The ABI's optional fused ops, which a backend may refuse (supports_op 0) for Backend to run the
 // ops each stands for.
 inline bool optional_fused_op(int type) {
-    return type == XINFER_OP_ROPE_KV_STORE || type == XINFER_OP_ADD_RMSNORM_MATMUL || type == XINFER_OP_MOE_ROUTE_EXPERTS ||
-           type == XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE;
+    return type == XINFER_OP_ROPE_KV_STORE || type == XINFER_OP_ADD_RMSNORM_MATMUL || type == XINFER_OP_MOE_ROUTE_EXPERTS;
 }
 
 // The CPU's table with the optional fused ops refused (supports_op 0, run_op an error), as a

@@ -49,16 +49,6 @@ AttentionParams attention_params(const xinfer_op& op) {
     return out;
 }
 
-// ADD_RMSNORM_MATMUL_ROPE_KV_STORE's heads: v's dim is what y's row leaves after q and k
-// (split_qkv_row rejects a row it does not fill).
-QkvHeads qkv_heads(const xinfer_op& op) {
-    const auto& p = op.params.norm_matmul_rope;
-    const Tensor y = from_abi(op.dst[0]);
-    const int64_t qk = int64_t(p.n_q_heads + p.n_kv_heads) * p.head_dim_k;
-    const int64_t dv = p.n_kv_heads > 0 && y.rank == 2 ? (y.dim(1) - qk) / p.n_kv_heads : 0;
-    return {p.n_q_heads, p.n_kv_heads, p.head_dim_k, dv};
-}
-
 // Runs one op; throws Error on bad arguments (the kernels validate) or unsupported variants.
 void dispatch(const xinfer_op& op) {
     auto src = [&](int i) { return from_abi(op.src[i]); };
@@ -93,23 +83,6 @@ void dispatch(const xinfer_op& op) {
                 rmsnorm(src(0), src(2), eps, dst(1));
             }
             return matmul(dst(1), src(3), dst(0));
-        }
-        case XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE: {  // the two ops it stands for (backend_abi.h)
-            const auto& p = op.params.norm_matmul_rope;
-            if (op.src[4].data)
-                fail("cpu: add_rmsnorm_matmul_rope_kv_store with block-scaled fp8 weights is not supported (dequantize "
-                     "at load)");
-            if (op.src[1].rank > 0) {
-                add_rmsnorm(src(0), src(1), src(2), p.eps, dst(1));
-            } else {
-                rmsnorm(src(0), src(2), p.eps, dst(1));
-            }
-            matmul(dst(1), src(3), dst(0));
-            const QkvRow qkv = split_qkv_row(dst(0), qkv_heads(op));
-            rope(qkv.q, src(7), {p.rotary_dim, p.theta});
-            rope(qkv.k, src(7), {p.rotary_dim, p.theta});
-            if (p.value_scale != 1.f) scale(qkv.v, p.value_scale);
-            return kv_store(qkv.k, qkv.v, src(5), src(6), attention_batch(op));
         }
         case XINFER_OP_ATTENTION:
             if (op.params.attention.k_scale != 1.f || op.params.attention.v_scale != 1.f)
@@ -197,9 +170,7 @@ int measure_bandwidth(void* ctx, double* gbps) {
 // a wrong dtype or shape is reported by run_op's validation with a precise message.
 int supports_op(void*, const xinfer_op* op) {
     if (op->type == XINFER_OP_MATMUL && op->src[2].rank > 0) return 0;
-    if ((op->type == XINFER_OP_ADD_RMSNORM_MATMUL || op->type == XINFER_OP_ADD_RMSNORM_MATMUL_ROPE_KV_STORE) &&
-        op->src[4].rank > 0)
-        return 0;
+    if (op->type == XINFER_OP_ADD_RMSNORM_MATMUL && op->src[4].rank > 0) return 0;
     return op->type > 0 && op->type < XINFER_OP_COUNT;
 }
 
