@@ -35,7 +35,8 @@ run() {  # label binary model round [VAR=VALUE,...]
     IFS=, read -ra env_settings <<<"$settings"
     env "${env_settings[@]}" timeout 120 "$bin" bench --model "bench/models/$model" --load-format dummy --device cuda \
         --prompt-len 4096 --gen-len 64 >"$log" 2>&1
-    echo "[$(($(date +%s) - start)) s] $label ($settings) $model round $round: rc $?"
+    local rc=$?  # (read first: the $(date) below would reset $?)
+    echo "[$(($(date +%s) - start)) s] $label ($settings) $model round $round: rc $rc"
     grep -E '^decode (achieved|step)|rror' "$log"
 }
 for round in $(seq "$rounds"); do
