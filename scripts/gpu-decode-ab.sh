@@ -25,7 +25,7 @@ OUT=${OUT:-$PWD/gpu-decode-ab-out}
 mkdir -p "$OUT"
 start=$(date +%s)
 run() {  # label binary model round [VAR=VALUE,...]
-    local label=$1 bin=$2 model=$3 round=$4 settings=${5:-AB_UNSET=1}
+    local label=$1 bin=$2 model=$3 round=$4 settings=${5:-}
     if [ $(($(date +%s) - start)) -gt "${AB_SECONDS:-330}" ]; then
         echo "skipped $label $model round $round (time)"
         return
@@ -36,7 +36,7 @@ run() {  # label binary model round [VAR=VALUE,...]
     env "${env_settings[@]}" timeout 120 "$bin" bench --model "bench/models/$model" --load-format dummy --device cuda \
         --prompt-len 4096 --gen-len 64 >"$log" 2>&1
     local rc=$?  # (read first: the $(date) below would reset $?)
-    echo "[$(($(date +%s) - start)) s] $label ($settings) $model round $round: rc $rc"
+    echo "[$(($(date +%s) - start)) s] $label${settings:+ ($settings)} $model round $round: rc $rc"
     grep -E '^decode (achieved|step)|rror' "$log"
 }
 for round in $(seq "$rounds"); do
