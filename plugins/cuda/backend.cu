@@ -91,7 +91,7 @@ int unsupported(Context* c, const xinfer_op* op, const char* format, ...) {
     va_start(args, format);
     vsnprintf(buffer, sizeof buffer, format, args);
     va_end(args);
-    c->error = str_format("cuda %s%s%s (layer %d): %s", op_name(op->type), op->name ? " " : "",
+    c->error = str_format("cuda %s%s%s (layer %d): %s", xinfer_op_type_name(op->type), op->name ? " " : "",
                           op->name ? op->name : "", op->layer, buffer);
     return XINFER_UNSUPPORTED;
 }
@@ -131,28 +131,6 @@ std::string shape_str(const xinfer_tensor& t) {
     std::string s = std::string(dtype_name(t.dtype)) + "[";
     for (int i = 0; i < t.rank && i < XINFER_MAX_RANK; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
     return s + "]";
-}
-
-const char* op_name(int type) {
-    switch (type) {
-        case XINFER_OP_EMBEDDING: return "embedding";
-        case XINFER_OP_RMSNORM: return "rmsnorm";
-        case XINFER_OP_ADD_RMSNORM: return "add_rmsnorm";
-        case XINFER_OP_MATMUL: return "matmul";
-        case XINFER_OP_ROPE: return "rope";
-        case XINFER_OP_SWIGLU: return "swiglu";
-        case XINFER_OP_SCALE: return "scale";
-        case XINFER_OP_ADD: return "add";
-        case XINFER_OP_KV_STORE: return "kv_store";
-        case XINFER_OP_ATTENTION: return "attention";
-        case XINFER_OP_MOE_ROUTE: return "moe_route";
-        case XINFER_OP_MOE_EXPERTS: return "moe_experts";
-        case XINFER_OP_ARGMAX: return "argmax";
-        case XINFER_OP_SAMPLE: return "sample";
-        case XINFER_OP_CONVERT: return "convert";
-        case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
-        default: return "unknown_op";
-    }
 }
 
 bool stream_capturing(Context* c) {

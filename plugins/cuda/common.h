@@ -188,7 +188,6 @@ inline int64_t rows_of(const xinfer_tensor& t) { return t.rank == 0 ? 0 : numel(
 inline int64_t cols_of(const xinfer_tensor& t) { return t.rank == 0 ? 0 : t.shape[t.rank - 1]; }
 inline bool is_float(int d) { return d == XINFER_DTYPE_F32 || d == XINFER_DTYPE_BF16 || d == XINFER_DTYPE_F16; }
 inline bool is_act(int d) { return d == XINFER_DTYPE_F32 || d == XINFER_DTYPE_BF16; }
-const char* op_name(int type);
 inline int pointer_alignment(const void* p) {  // largest power of two ≤ 256 dividing p
     const uintptr_t v = reinterpret_cast<uintptr_t>(p);
     int a = 1;

@@ -36,29 +36,7 @@ xinfer_op make_op(xinfer_op_type type, int layer) {
     return op;
 }
 
-const char* op_type_name(int type) {
-    switch (type) {
-        case XINFER_OP_EMBEDDING: return "embedding";
-        case XINFER_OP_RMSNORM: return "rmsnorm";
-        case XINFER_OP_ADD_RMSNORM: return "add_rmsnorm";
-        case XINFER_OP_MATMUL: return "matmul";
-        case XINFER_OP_ROPE: return "rope";
-        case XINFER_OP_SWIGLU: return "swiglu";
-        case XINFER_OP_SCALE: return "scale";
-        case XINFER_OP_ADD: return "add";
-        case XINFER_OP_KV_STORE: return "kv_store";
-        case XINFER_OP_ATTENTION: return "attention";
-        case XINFER_OP_MOE_ROUTE: return "moe_route";
-        case XINFER_OP_MOE_EXPERTS: return "moe_experts";
-        case XINFER_OP_ARGMAX: return "argmax";
-        case XINFER_OP_SAMPLE: return "sample";
-        case XINFER_OP_CONVERT: return "convert";
-        case XINFER_OP_ROPE_KV_STORE: return "rope_kv_store";
-        case XINFER_OP_ADD_RMSNORM_MATMUL: return "add_rmsnorm_matmul";
-        case XINFER_OP_MOE_ROUTE_EXPERTS: return "moe_route_experts";
-        default: return "unknown";
-    }
-}
+const char* op_type_name(int type) { return xinfer_op_type_name(type); }
 
 namespace {
 
