@@ -29,6 +29,7 @@
 #include "attention_tiles.cuh"
 #include "common.h"
 #include "device_utils.cuh"
+#include "tma.cuh"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -44,38 +45,6 @@ constexpr int kKeys = 16;      // keys per warp tile: one page
 constexpr int kTileRows = 16;  // query rows per block
 constexpr int kBoxCols = 64;   // columns per TMA box: 128 bytes, the 128-byte swizzle's span
 constexpr int kBoxBytes = kKeys * kBoxCols * 2;
-
-// ---- mbarrier and TMA PTX (sm_90) ------------------------------------------------------------------
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-    unsigned done = 0;
-    do {
-        asm volatile(
-            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-// One box of a 4-D tensor map at coordinates (c0, c1, c2, c3), innermost first, into shared
-// memory at dst (1024-byte aligned for the 128-byte swizzle), completing on bar.
-__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                            uint64_t* bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-        "[%6];" ::"r"(smem_addr(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
-        : "memory");
-}
-// Orders this thread's generic-proxy shared-memory accesses before later async-proxy (TMA) ones.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 
 // The caches as TMA sees them: [pages][page_size][n_kv][d] with the pages page_stride apart, in
 // boxes of 64 columns × 1 head × 16 slots × 1 page.
@@ -464,19 +433,6 @@ int stream_warps_setting() {
         return -1;
     }();
     return setting;
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void* fn = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
-            return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }();
-    return encode;
 }
 
 // One cache's tensor map: [pages][16 slots][n_kv][d] bf16, pages page_stride elements apart.

@@ -7,6 +7,7 @@
 #include "attention_common.cuh"
 #include "common.h"
 #include "device_utils.cuh"
+#include "tma.cuh"
 
 #include <cstdint>
 
@@ -46,8 +47,6 @@ int attention_stream(Context* c, DecodeArgs& a, int64_t cache_pages, int64_t key
                      int64_t row_tiles, bool* merged);
 
 namespace {
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));

@@ -12,6 +12,8 @@
 // descriptor's start address by 32 bytes (the hardware applies the XOR to the final address).
 #pragma once
 
+#include "tma.cuh"
+
 #include <cstdint>
 
 namespace xcuda {
@@ -33,8 +35,6 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Makes shared memory written through the generic proxy (st.shared, cp.async) visible to wgmma.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Pins accumulators after wgmma_wait: no read of them may move above the wait.
 template <int kN>
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kN][4]) {
