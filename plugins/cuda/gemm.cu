@@ -573,22 +573,13 @@ constexpr int kBf16MmaParts = 8; // bf16: a block per tile, its 8 warps streamin
 // kNorm (one row, f16 staging): x is not read; the block normalises the residual itself
 // (norm_rows_to_shared, after the ring's first rounds) and stages `normed` as f16; the end is
 // store_norm_once_read, as in norm_stream_gemv_kernel.
-// kTma: the rounds come through the copy engine (TmaRounds, weight_stream.cuh) from wmap, a 2-D
-// tensor map over w's bytes; the ring then starts at the first 1024-byte boundary of the dynamic
-// shared memory (the launch asks for 1 KB more), and the tile's mma row g is weight row
-// n0 + tma_row(g).
-template <bool kFp8, bool kEarly, bool kF16, typename Shape = MmaGemvRingDefault, bool kNorm = false, bool kTma = false>
-__global__ void __launch_bounds__(kMmaGemvWarps * 32, 2)
-    mma_gemv_kernel(StreamGemv p, NormArgs norm, const __grid_constant__ CUtensorMap wmap) {
+template <bool kFp8, bool kEarly, bool kF16, typename Shape = MmaGemvRingDefault, bool kNorm = false>
+__global__ void __launch_bounds__(kMmaGemvWarps * 32, 2) mma_gemv_kernel(StreamGemv p, NormArgs norm) {
     static_assert(kFp8 || !kF16, "the f16 mma is for e4m3 weights");
     static_assert(!kNorm || kF16, "the norm-fused instance stages normed as f16");
-    static_assert(!kTma || kEarly, "the copy-engine rounds go out before the PDL wait");
     constexpr int kMmaGemvU = Shape::kU, kMmaGemvRing = Shape::kRing;
     // [warps][kMmaGemvRing][2 · kMmaGemvU][32], then (kF16) x as f16 [rows, K]
-    extern __shared__ __align__(16) uint4 mma_smem[];
-    uint4* const mma_ring = kTma ? reinterpret_cast<uint4*>((reinterpret_cast<uintptr_t>(mma_smem) + 1023) & ~uintptr_t(1023))
-                                 : mma_smem;
-    __shared__ uint64_t tma_bars[kTma ? kMmaGemvWarps : 1][kMmaGemvRing];
+    extern __shared__ __align__(16) uint4 mma_ring[];
     __shared__ float partial[kMmaGemvWarps][4][32];  // the sums of parts 1.., added by part 0
     __shared__ float x_inv[kGemvMaxRows];            // kF16: the rows' scales
     __shared__ int x_max[kGemvMaxRows];              // kF16: stage_act_f16's scratch
@@ -625,14 +616,8 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2)
     uint4* ring = mma_ring + warp * kMmaGemvRing * 2 * kMmaGemvU * 32;
     const char* const rows[2] = {w0, w1};
     LaneRounds<2, kMmaGemvU, kBytes> loads(rows, c, part * kStep, K, parts * kStep);
-    using Tma = TmaRounds<kMmaGemvU, kMmaGemvRing>;
-    Tma tma(&wmap, reinterpret_cast<unsigned char*>(ring), tma_bars[kTma ? warp : 0], {int(n0)}, part * kStep * kBytes,
-            K * kBytes, parts * kStep * kBytes);
     if (active) {
-        if constexpr (kTma) {
-            tma.init(lane);
-            tma_issue_first(tma, lane);
-        } else if constexpr (kEarly) {
+        if constexpr (kEarly) {
             ring_issue_first<kMmaGemvRing>(loads, ring, lane);
         } else {
             auto ahead = loads;
@@ -668,10 +653,8 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2)
         if constexpr (kFp8) fp8_round_mma<kMmaGemvU, kF16>(r.r0, r.r1, kb, K, c, scales, load_x, acc);
         else bf16_round_mma<kMmaGemvU>(r.r0, r.r1, kb, K, c, load_x, chunk_acc);
     };
-    if (active) {
-        if constexpr (kTma) stream_rounds_tma<Round>(part * kStep, K, parts * kStep, tma, lane, use_round, true);
-        else stream_rounds_ring<kMmaGemvRing, Round>(part * kStep, K, parts * kStep, ring, lane, loads, use_round, kEarly);
-    }
+    if (active)
+        stream_rounds_ring<kMmaGemvRing, Round>(part * kStep, K, parts * kStep, ring, lane, loads, use_round, kEarly);
     if constexpr (!kFp8)
 #pragma unroll
         for (int u = 0; u < kMmaGemvU; ++u)
@@ -691,7 +674,7 @@ __global__ void __launch_bounds__(kMmaGemvWarps * 32, 2)
     if (part == 0 && active)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int64_t row = n0 + (kTma ? tma_row(g) : g) + (i >= 2 ? 8 : 0);
+            const int64_t row = n0 + g + (i >= 2 ? 8 : 0);
             const int token = 2 * c + (i & 1);
             if (row < p.n && token < p.rows)
                 store_f(p.y, p.y_dtype, int64_t(token) * p.n + row, acc[i] * (kF16 ? x_inv[token] : 1.f));
@@ -753,15 +736,15 @@ int bf16_gemv_ring_shape() {
     static const int forced = env_ring_shape("XINFER_CUDA_BF16_GEMV_RING", {24, 42, 43, 26});
     return forced ? forced : 42;
 }
-// mma_gemv_kernel<kFp8, early ring, kF16, shape, kNorm, kTma> with a ring shape (U·10 + slots;
+// mma_gemv_kernel<kFp8, early ring, kF16, shape, kNorm> with a ring shape (U·10 + slots;
 // ring_bytes: its size).
-using MmaGemvKernel = void (*)(StreamGemv, NormArgs, const CUtensorMap);
+using MmaGemvKernel = void (*)(StreamGemv, NormArgs);
 template <bool kFp8, bool kF16, bool kNorm = false>
-MmaGemvKernel early_ring_instance(int shape, size_t* ring_bytes, bool tma = false) {
+MmaGemvKernel early_ring_instance(int shape, size_t* ring_bytes) {
     const auto take = [&](auto ring) {
         using S = decltype(ring);
         *ring_bytes = S::kBytes;
-        return tma ? mma_gemv_kernel<kFp8, true, kF16, S, kNorm, true> : mma_gemv_kernel<kFp8, true, kF16, S, kNorm>;
+        return mma_gemv_kernel<kFp8, true, kF16, S, kNorm>;
     };
     switch (shape) {
         case 42: return take(MmaGemvRing<4, 2>{});
@@ -774,64 +757,30 @@ bool fp8_early_ring_enabled() {
     static const bool early = env_flag("XINFER_CUDA_FP8_EARLY_RING", true);
     return early;
 }
-// XINFER_CUDA_GEMV_TMA=1: the early-ring instances take their rounds through the copy engine
-// (kTma) where encode_gemv_map takes the matrix. An experiment (session 36), off by default.
-bool gemv_tma_enabled() {
-    static const bool on = env_flag("XINFER_CUDA_GEMV_TMA", false);
-    return on;
-}
-// The tensor map of mma_gemv_kernel's weights for a ring shape (U·10 + slots): the matrix as
-// [n][k · elem_bytes] bytes in boxes of 16 rows × 128 bytes, 128-byte swizzle. False where the
-// rows are not whole rounds (U 64-byte chunks) or the driver has no encoder.
-bool encode_gemv_map(CUtensorMap* map, const StreamGemv& p, int elem_bytes, int shape) {
-    const int64_t row_bytes = p.k * elem_bytes;
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (!encode || row_bytes % ((shape / 10) * 64) != 0 || pointer_alignment(p.w) < 16 || p.n >= (int64_t(1) << 31) ||
-        row_bytes >= (int64_t(1) << 31))
-        return false;
-    const cuuint64_t dims[2] = {cuuint64_t(row_bytes), cuuint64_t(p.n)};
-    const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
-    const cuuint32_t box[2] = {128, 16}, element_strides[2] = {1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(p.w), dims, strides, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-// The instance launch_mma_gemv runs, its dynamic shared memory and (kTma) its tensor map.
-struct MmaGemvLaunch {
-    MmaGemvKernel kernel;
-    size_t smem;
-    CUtensorMap map;
-};
-MmaGemvLaunch mma_gemv_instance(const StreamGemv& p, bool fp8, bool norm) {
-    const bool early = fp8_early_ring_enabled();
-    const size_t x_f16_bytes = size_t(p.rows) * size_t(p.k) * 2;
-    const bool f16 = fp8 && fp8_f16_mma_enabled(kF16MmaGemv) && x_f16_bytes <= kFp8MmaF16MaxBytes;
-    MmaGemvLaunch l{};
-    // The early-ring instances of bf16 and of the f16 mma take their rule's ring shape; the rest
-    // keep the default ring.
-    size_t ring_bytes = MmaGemvRingDefault::kBytes;
-    const int shape = norm || f16 ? fp8_gemv_ring_shape(p.rows) : !fp8 ? bf16_gemv_ring_shape() : 0;
-    const bool tma = early && shape && gemv_tma_enabled() && encode_gemv_map(&l.map, p, fp8 ? 1 : 2, shape);
-    l.kernel = norm   ? early_ring_instance<true, true, true>(shape, &ring_bytes, tma)
-               : !early ? (!fp8 ? mma_gemv_kernel<false, false, false>
-                           : f16 ? mma_gemv_kernel<true, false, true>
-                                 : mma_gemv_kernel<true, false, false>)
-               : !fp8 ? early_ring_instance<false, false>(shape, &ring_bytes, tma)
-               : f16  ? early_ring_instance<true, true>(shape, &ring_bytes, tma)
-                      : mma_gemv_kernel<true, true, false>;
-    l.smem = ring_bytes + (f16 || norm ? x_f16_bytes : 0) + (norm ? size_t(p.k) * 2 * 2 : 0) + (tma ? 1024 : 0);
-    return l;
-}
 // norm: the one-row FP8 norm GEMV (ADD_RMSNORM_MATMUL; fp8_norm_gemv_fits), else null.
 int launch_mma_gemv(Context* c, StreamGemv p, bool fp8, const NormArgs* norm = nullptr) {
     static_assert(MmaGemvRingDefault::kBytes > 48 * 1024, "the ring needs the opt-in shared memory size");
+    const bool early = fp8_early_ring_enabled();
     const int64_t tiles = ceil_div(p.n, int64_t(16));
     p.split = fp8 ? kFp8MmaParts : kBf16MmaParts;
-    const MmaGemvLaunch l = mma_gemv_instance(p, fp8, norm != nullptr);
-    XCUDA_TRY(c, cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.smem)));
+    const size_t x_f16_bytes = size_t(p.rows) * size_t(p.k) * 2;
+    const bool f16 = fp8 && fp8_f16_mma_enabled(kF16MmaGemv) && x_f16_bytes <= kFp8MmaF16MaxBytes;
+    // The early-ring instances of bf16 and of the f16 mma take their rule's ring shape; the rest
+    // keep the default ring.
+    size_t ring_bytes = MmaGemvRingDefault::kBytes;
+    const MmaGemvKernel kernel =
+        norm   ? early_ring_instance<true, true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
+        : !early ? (!fp8 ? mma_gemv_kernel<false, false, false>
+                   : f16 ? mma_gemv_kernel<true, false, true>
+                         : mma_gemv_kernel<true, false, false>)
+        : !fp8 ? early_ring_instance<false, false>(bf16_gemv_ring_shape(), &ring_bytes)
+        : f16  ? early_ring_instance<true, true>(fp8_gemv_ring_shape(p.rows), &ring_bytes)
+               : mma_gemv_kernel<true, true, false>;
+    const size_t smem = ring_bytes + (f16 || norm ? x_f16_bytes : 0) + (norm ? size_t(p.k) * 2 * 2 : 0);
+    XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int64_t blocks = ceil_div(tiles, int64_t(kMmaGemvWarps / p.split));
-    return launch_pdl(c, "mma_gemv_kernel", l.kernel, dim3(unsigned(blocks)), dim3(kMmaGemvWarps * 32), l.smem, p,
-                      norm ? *norm : NormArgs{}, l.map);
+    return launch_pdl(c, "mma_gemv_kernel", kernel, dim3(unsigned(blocks)), dim3(kMmaGemvWarps * 32), smem, p,
+                      norm ? *norm : NormArgs{});
 }
 
 // Whether the one-row FP8 norm GEMV runs: the f16-mma instance with the early ring would take the
@@ -841,12 +790,14 @@ bool fp8_norm_gemv_fits(Context* c, const StreamGemv& p) {
     if (p.rows != 1 || !fp8_mma_gemv_fits(c, p, true) || !fp8_early_ring_enabled() ||
         !fp8_f16_mma_enabled(kF16MmaGemv) || size_t(p.k) * 2 > kFp8MmaF16MaxBytes)
         return false;
-    const MmaGemvLaunch l = mma_gemv_instance(p, true, true);
-    if (l.smem > c->smem_optin ||
-        cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.smem)) != cudaSuccess)
+    size_t ring_bytes = 0;
+    const MmaGemvKernel kernel = early_ring_instance<true, true, true>(fp8_gemv_ring_shape(1), &ring_bytes);
+    const size_t smem = ring_bytes + size_t(p.k) * 6;
+    if (smem > c->smem_optin ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
         return false;
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel, kMmaGemvWarps * 32, l.smem) != cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMmaGemvWarps * 32, smem) != cudaSuccess)
         return false;
     const int64_t blocks = ceil_div(ceil_div(p.n, int64_t(16)), int64_t(kMmaGemvWarps / kFp8MmaParts));
     return blocks <= int64_t(per_sm) * c->sm_count;

@@ -375,20 +375,13 @@ __host__ __device__ inline int64_t moe_ring_offset_ints(int64_t P, int64_t E) { 
 // ids and lets the down kernel launch at once; down builds its plan from the ids (complete: the
 // router finished before gate_up passed its wait) and waits for gate_up's grid before reading h.
 
-// kTma (one token, fp8, the ring): the rounds come through the copy engine (TmaRounds,
-// weight_stream.cuh) from wmap, a 2-D tensor map over gate_up as [E · 2I][H] bytes; the ring then
-// starts at a 1024-byte boundary (the launch asks for 1 KB more), and the tile's mma row g is
-// gate / up row i0 + tma_row(g).
-template <bool kFp8, int kNT, int kU, bool kPipe, int kRing, bool kF16 = false, bool kTma = false>
+template <bool kFp8, int kNT, int kU, bool kPipe, int kRing, bool kF16 = false>
 __global__ void __launch_bounds__(kGateWarps * 32, 2)
     moe_grouped_gate_up_kernel(const __nv_bfloat16* x /*[T, H]*/, const int32_t* ids /*[P]*/, int P, int top_k, int E,
                                const void* gate_up /*[E, 2I, H]*/, const float* scale /*[E, srows, scols] or null*/,
                                int64_t scale_rows, int64_t scale_cols, int block_rows, int block_cols, int64_t I,
-                               int64_t H, __nv_bfloat16* h_out /*[P, I]*/, RouteArgs route,
-                               const __grid_constant__ CUtensorMap wmap) {
-    static_assert(!kTma || (kFp8 && kNT == 1 && kRing > 0 && kF16), "the copy-engine rounds are the one-token fp8 ring's");
+                               int64_t H, __nv_bfloat16* h_out /*[P, I]*/, RouteArgs route) {
     extern __shared__ __align__(16) int plan_smem[];
-    __shared__ uint64_t tma_bars[kTma ? kGateWarps : 1][kRing > 0 ? kRing : 1];
     // The second half of the warps' partial sums (the half of H they streamed), per 16-row tile.
     __shared__ float partner[kGateTiles][kNT][8][32];
     int *cnt = plan_smem, *end = cnt + E, *list = end + E, *slot_expert = list + P;
@@ -452,29 +445,17 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
     using Loads = LaneRounds<4, kU, kBytes>;
     Loads loads(rows, c, half * kStep, H, 2 * kStep);
     const ColBlock block_of(kFp8 ? block_cols : 64);
-    uint4* ring_base = reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E));
-    if constexpr (kTma) ring_base = reinterpret_cast<uint4*>((reinterpret_cast<uintptr_t>(ring_base) + 1023) & ~uintptr_t(1023));
-    uint4* ring = ring_base + warp * kRing * 4 * kU * 32;
-    const int gate_row = int(int64_t(e) * 2 * I + i0);
-    using Tma = TmaRounds<(kTma ? kU : 2), (kTma ? kRing : 1), 2>;  // (other instances: a placeholder)
-    Tma tma(&wmap, reinterpret_cast<unsigned char*>(ring), tma_bars[kTma ? warp : 0], {gate_row, gate_row + int(I)},
-            half * kStep * kBytes, H * kBytes, 2 * kStep * kBytes);
+    uint4* ring = reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E)) + warp * kRing * 4 * kU * 32;
 
     // kF16 (fp8 with the ring): x [T, H] as f16 rows after the ring, their scales x_inv [T] after
     // them (stage_act_f16), for the f16 mma. The first pass's first rounds go out before, so the
     // staging overlaps them.
     __shared__ int x_max[kF16 ? kStageMaxRows : 1];
-    __half* x_f16 = reinterpret_cast<__half*>(ring_base + kGateWarps * kRing * 4 * kU * 32);
+    __half* x_f16 = reinterpret_cast<__half*>(reinterpret_cast<uint4*>(plan_smem + moe_ring_offset_ints(P, E)) +
+                                              kGateWarps * kRing * 4 * kU * 32);
     float* x_inv = reinterpret_cast<float*>(x_f16 + int64_t(T) * H);
     if constexpr (kF16) {
-        if (active) {
-            if constexpr (kTma) {
-                tma.init(lane);
-                tma_issue_first(tma, lane);
-            } else {
-                ring_issue_first<kRing>(loads, ring, lane);
-            }
-        }
+        if (active) ring_issue_first<kRing>(loads, ring, lane);
         stage_act_f16(x, T, H, x_f16, x_inv, x_max);
         x = reinterpret_cast<const __nv_bfloat16*>(x_f16);
     }
@@ -531,9 +512,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
                 }
             }
         };
-        if constexpr (kTma) {
-            if (active) stream_rounds_tma<Round>(half * kStep, H, 2 * kStep, tma, lane, use_round, true);  // one pass
-        } else if constexpr (kRing > 0) {
+        if constexpr (kRing > 0) {
             if (pb > 0) loads = Loads(rows, c, half * kStep, H, 2 * kStep);
             if (active)
                 stream_rounds_ring<kRing, Round>(half * kStep, H, 2 * kStep, ring, lane, loads, use_round,
@@ -557,7 +536,7 @@ __global__ void __launch_bounds__(kGateWarps * 32, 2)
             for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
-                    const int64_t row = i0 + (kTma ? tma_row(g) : g) + (r >= 2 ? 8 : 0);
+                    const int64_t row = i0 + g + (r >= 2 ? 8 : 0);
                     const int q = pb + nt * 8 + 2 * c + (r & 1);
                     if (row < I && q < n_e) {
                         const float inv = kF16 ? x_inv[pairs[q] / top_k] : 1.f;
@@ -854,28 +833,6 @@ struct DownRing {
     static constexpr size_t kBytes = size_t(kDownWarps) * kRing * 2 * kU * 32 * 16;
 };
 
-// XINFER_CUDA_MOE_TMA=1: the one-token fp8 gate_up ring takes its rounds through the copy engine
-// (kTma) where encode_gate_up_map takes the weights. An experiment (session 36), off by default.
-bool moe_tma_enabled() {
-    static const bool on = env_flag("XINFER_CUDA_MOE_TMA", false);
-    return on;
-}
-// gate_up [E, 2I, H] e4m3 as a 2-D tensor map of [E · 2I][H] bytes, boxes of 16 rows × 128 bytes,
-// 128-byte swizzle; false where the rows are not whole 128-byte rounds or the driver has no encoder.
-bool encode_gate_up_map(CUtensorMap* map, const GroupedArgs& a) {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    const int64_t rows = int64_t(a.E) * 2 * a.I;
-    if (!encode || a.H % 128 != 0 || a.I % 16 != 0 || pointer_alignment(a.gate_up) < 16 || rows >= (int64_t(1) << 31) ||
-        a.H >= (int64_t(1) << 31))
-        return false;
-    const cuuint64_t dims[2] = {cuuint64_t(a.H), cuuint64_t(rows)};
-    const cuuint64_t strides[1] = {cuuint64_t(a.H)};
-    const cuuint32_t box[2] = {128, 16}, element_strides[2] = {1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(a.gate_up), dims, strides, box,
-                  element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <bool kFp8, int kNT>
 int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     constexpr int kU = kNT == 1 || (kNT == 2 && !kFp8) ? 4 : 2;  // 16-byte loads per row in flight (registers)
@@ -883,7 +840,6 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     size_t smem = size_t(moe_plan_ints(P, a.E)) * 4;
     const dim3 grid(unsigned(ceil_div(a.I, 16 * kGateTiles)), unsigned(std::min(P, a.E)));
     auto kernel = moe_grouped_gate_up_kernel<kFp8, kNT, kU, false, 0>;
-    CUtensorMap map{};
     if constexpr (kNT == 1) {
         if (kFp8 && moe_ring_enabled()) {
             const auto ring = [&](auto shape) {
@@ -895,11 +851,6 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
                     a.T <= kStageMaxRows) {
                     kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, kFp8>;
                     smem += x_bytes + size_t(a.T) * 4;
-                    if constexpr (kFp8 && R::kU % 2 == 0)
-                        if (a.T == 1 && moe_tma_enabled() && encode_gate_up_map(&map, a)) {
-                            kernel = moe_grouped_gate_up_kernel<kFp8, kNT, R::kU, false, R::kRing, true, true>;
-                            smem += 1024;
-                        }
                 }
             };
             switch (gate_up_ring_shape(a.T)) {
@@ -920,7 +871,7 @@ int launch_grouped_gate_up(Context* c, const GroupedArgs& a) {
     if (int rc = allow_smem(c, kernel, smem)) return rc;
     return launch_pdl(c, "moe_grouped_gate_up_kernel", kernel, grid,
                       dim3(kGateWarps * 32), smem, a.x, a.ids, P, a.top_k, a.E, a.gate_up, a.gate_up_scale,
-                      a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h, route, map);
+                      a.gu_scale_rows, a.gu_scale_cols, a.block_rows, a.block_cols, a.I, a.H, a.h, route);
 }
 
 // How many ranges of I the down kernel's warps split each expert into. A block's 8 warps take

@@ -1,7 +1,9 @@
 // The Hopper copy engine as the kernels use it: mbarrier and TMA (cp.async.bulk.tensor) PTX for
 // sm_90, and the host's tensor-map encoder (a driver entry point, looked up once).
 //   - attention_stream.cu: a warp's KV pages, five 4-D boxes per page;
-//   - weight_stream.cuh (TmaRounds): a warp's weight rounds, 2-D boxes of 16 rows × 128 bytes.
+//   - attention_prefill.cu (through wgmma.cuh): the proxy fence before wgmma reads;
+//   - dev/stream_patterns.cu measures weight streams through 2-D boxes (for the weights the
+//     plugin's cp.async rings were as fast: docs/perf/2026-12-07-session36.md).
 // A stage's mbarrier is armed with the bytes it expects (mbar_arrive_expect_tx) by the lane that
 // then issues its copies; the copies complete it; readers wait on its phase parity.
 #pragma once

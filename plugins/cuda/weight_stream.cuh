@@ -11,7 +11,6 @@
 
 #include "common.h"
 #include "device_utils.cuh"
-#include "tma.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -448,107 +447,6 @@ __device__ __forceinline__ void stream_rounds_ring(int64_t begin, int64_t end, i
         slot = slot + 1 == kRing ? 0 : slot + 1;
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-}
-
-// ---- a warp's rounds through the copy engine (TMA) ---------------------------------------------
-// The same rounds as LaneRounds + stream_rounds_ring for a warp's 16-row tiles of a row-major
-// weight matrix (kGroups of them: the GEMV's one tile, gate_up's gate and up tiles), brought by
-// one lane's tensor copies instead of every lane's 16-byte cp.async: a round of kU 64-byte chunks
-// of each row is, per tile, kU / 2 boxes of 16 rows × 128 bytes (a 2-D tensor map over the
-// matrix's bytes, 128-byte swizzle: the 16-byte chunk j of box row r lands at chunk j ^ (r % 8)),
-// landing in its ring slot and completing on the slot's mbarrier. Rows past the matrix's end
-// arrive as zeros.
-// The lanes read their A fragments back from the swizzled boxes. With the mma's row g at box row g,
-// the lane quads of rows g and g + 1 (one 8-lane phase of a 16-byte shared load) would hit the same
-// banks; so the warp's mma row g is box row tma_row(g) = (g >> 1) | (g & 1) << 2 (and g + 8 box
-// row tma_row(g) + 8): a phase reads box rows r and r + 4, whose swizzles put the quads in opposite
-// halves of the 128 bytes. The kernel stores row g's output to row n0 + tma_row(g).
-__device__ __forceinline__ int tma_row(int g) { return (g >> 1) | (g & 1) << 2; }
-
-template <int kU, int kRing, int kGroups = 1>
-struct TmaRounds {
-    static_assert(kU % 2 == 0, "a round is whole 128-byte boxes");
-    static constexpr int kColBoxes = kU / 2, kBoxes = kGroups * kColBoxes;
-    static constexpr unsigned kRoundBytes = kBoxes * 16 * 128;
-    const CUtensorMap* map;
-    unsigned char* ring;  // [kRing][kGroups][kColBoxes][16][128], 1024-byte aligned
-    uint64_t* bars;       // [kRing]
-    int row[kGroups];     // each tile's first row
-    int64_t x, end, step;  // bytes: the next round's first column, the rows' end, the stride between rounds
-    int next = 0;          // rounds issued so far
-    __device__ __forceinline__ TmaRounds(const CUtensorMap* map_, unsigned char* ring_, uint64_t* bars_,
-                                         const int (&rows)[kGroups], int64_t begin, int64_t end_, int64_t step_)
-        : map(map_), ring(ring_), bars(bars_), x(begin), end(end_), step(step_) {
-#pragma unroll
-        for (int q = 0; q < kGroups; ++q) row[q] = rows[q];
-    }
-    // Lane 0 sets up the slots' mbarriers; every lane of the warp calls it (it ends with __syncwarp).
-    __device__ __forceinline__ void init(int lane) {
-        if (lane == 0) {
-#pragma unroll
-            for (int s = 0; s < kRing; ++s) mbar_init(bars + s, 1);
-            fence_mbarrier_init();
-        }
-        __syncwarp();
-    }
-    // The next round into its slot (next % kRing), by lane 0; nothing past the end.
-    __device__ __forceinline__ void issue(int lane) {
-        if (x < end && lane == 0) {
-            const int slot = next % kRing;
-            mbar_arrive_expect_tx(bars + slot, kRoundBytes);
-#pragma unroll
-            for (int q = 0; q < kGroups; ++q)
-#pragma unroll
-                for (int b = 0; b < kColBoxes; ++b)
-                    tma_load_2d(ring + (slot * kBoxes + q * kColBoxes + b) * 2048, map, int(x + b * 128), row[q],
-                                bars + slot);
-        }
-        x += step;
-        ++next;
-    }
-    // Round i, once it has landed, as a Round of kGroups × (row tma_row(g) [kU], row tma_row(g) + 8
-    // [kU]) 16-byte chunks.
-    template <typename Round>
-    __device__ __forceinline__ void read(int i, int lane, Round& w) const {
-        static_assert(sizeof(Round) == 2 * kGroups * kU * 16, "a round is the tiles' two rows of kU chunks");
-        uint4* wv = reinterpret_cast<uint4*>(&w);
-        const int slot = i % kRing, g = lane / 4, c = lane % 4, r = tma_row(g);
-        mbar_wait(bars + slot, unsigned(i / kRing) & 1);
-        const unsigned char* base = ring + slot * kBoxes * 2048 + r * 128;
-#pragma unroll
-        for (int q = 0; q < kGroups; ++q)
-#pragma unroll
-            for (int u = 0; u < kU; ++u) {
-                const unsigned char* box = base + (q * kColBoxes + u / 2) * 2048;
-                const int chunk = ((u % 2) * 4 + c) ^ r;  // r < 8: its swizzle is r
-                wv[(2 * q) * kU + u] = *reinterpret_cast<const uint4*>(box + chunk * 16);
-                wv[(2 * q + 1) * kU + u] = *reinterpret_cast<const uint4*>(box + 8 * 128 + chunk * 16);
-            }
-    }
-};
-// The first kRing - 1 rounds (a kernel may issue them before its PDL wait).
-template <int kU, int kRing, int kGroups>
-__device__ __forceinline__ void tma_issue_first(TmaRounds<kU, kRing, kGroups>& t, int lane) {
-#pragma unroll
-    for (int d = 0; d < kRing - 1; ++d) t.issue(lane);
-}
-// stream_rounds_ring through TmaRounds: round i + kRing - 1 goes into the slot round i - 1 used,
-// once every lane has read it (a proxy fence and __syncwarp, as attention_stream.cu's pages), then
-// round i is read and used.
-template <typename Round, int kU, int kRing, int kGroups, typename Use>
-__device__ __forceinline__ void stream_rounds_tma(int64_t begin, int64_t end, int64_t step,
-                                                  TmaRounds<kU, kRing, kGroups>& t, int lane, const Use& use_round,
-                                                  bool first_issued) {
-    if (!first_issued) tma_issue_first(t, lane);
-    int i = 0;
-    for (int64_t kb = begin; kb < end; kb += step, ++i) {
-        fence_proxy_async();  // the lanes' reads of round i - 1's slot before the copy's writes
-        __syncwarp();
-        t.issue(lane);
-        Round w;
-        t.read(i, lane, w);
-        use_round(w, kb);
-    }
 }
 
 }  // namespace

@@ -553,8 +553,7 @@ void add_decode_matmul_cases(std::vector<OpCase>& cases, uint32_t& seed) {
     for (int T : {1, 5, 8}) cases.push_back(matmul_fp8_case(T, 8464, 1104, 128, 128, 1, false, ++seed));
     cases.push_back(matmul_fp8_case(1, 8464, 1104, 128, 64, 1, false, ++seed));
     cases.push_back(matmul_fp8_case(2, 8704, 1040, 128, 128, 4, false, ++seed));
-    // Rows that end inside a 16-row tile, with whole 256-byte rounds (the copy-engine rounds of
-    // XINFER_CUDA_GEMV_TMA=1 take those, their missing rows arriving as zeros).
+    // One token, rows that end inside a 16-row tile, whole 256-byte rounds of K.
     cases.push_back(matmul_fp8_case(1, 8456, 1024, 128, 128, 1, false, ++seed));
     cases.push_back(matmul_case(1, 152576, 4096, DType::bf16, ++seed));          // lm_head
     // Prefill-sized FP8 (≥ 512 rows: the weight widened to bf16, then cuBLASLt on cuda): a

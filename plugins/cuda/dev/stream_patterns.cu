@@ -9,9 +9,11 @@
 //     touches 64 bytes of each of 8 rows (the mma.sync A-fragment layout of moe.cu's grouped
 //     kernels), with and without the .L2::128B prefetch-size hint on the load;
 //   - row-contiguous: 16 rows per warp, one 512-byte row segment per load (what a shared-memory
-//     staged kernel would issue).
+//     staged kernel would issue);
+//   - per-warp shared-memory rings filled by cp.async, bulk copies or tensor-map boxes (below).
 // H200 (2026-11-30): memcpy 3.94 TB/s; stream rows 3.96 TB/s; grouped 3.51 TB/s without the hint
 // and 3.97 TB/s with it; row-contiguous 3.91 TB/s.
+#include "tma.cuh"
 #include "weight_stream.cuh"
 
 #include <cuda.h>
@@ -83,170 +85,104 @@ __global__ void __launch_bounds__(256, 2) grouped(const char* w) {
     if (acc == 0x9e3779b9u) g_sink = acc;
 }
 
-// ---- bulk copies (TMA, cp.async.bulk) into per-warp shared-memory rings ------------------------
-// What the FP8 weight streams would issue with the copy engine of each SM instead of 16-byte
-// cp.async per lane: a warp owns 16 rows (as a grouped kernel's tile) and streams them through
-// kStages stages of 16 rows × 256 bytes, as 4 KB / kSeg copies of kSeg = 256 or 128 bytes (one a
-// lane), or, with kSeg = 0, one contiguous 4 KB copy a stage (lane 0). The warp then reads its stage from shared
-// memory (16 bytes a lane a step, as the mma fragments would) and reissues it.
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void bar_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void bar_expect(uint64_t* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t* bar, unsigned parity) {
-    unsigned done = 0;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(smem_u32(bar)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
+// ---- per-warp shared-memory rings: cp.async against the copy engine (TMA) ----------------------
+// A warp owns 16 rows (a grouped kernel's tile) and streams them through kStages stages of 16 rows
+// × 256 bytes (4 KB), reads each stage back from shared memory (16 bytes a lane a step, as the mma
+// fragments would) and reissues it. The stage arrives as
+//   - 16-byte cp.async, lane (g, c) copying chunk c of each 64-byte quarter of rows g and g + 8
+//     (the plugin's FP8 rings, weight_stream.cuh LaneRounds);
+//   - bulk copies (cp.async.bulk), 4 KB / kSeg of kSeg = 256 or 128 bytes (one a lane), or with
+//     kSeg = 0 one contiguous 4 KB copy (lane 0);
+//   - two 2-D tensor-map boxes of 16 rows × 128 bytes, 128-byte swizzle (lane 0).
+// H100 (2026-12-07, session 36): memcpy 2,893 GB/s; grouped with the hint 2,778; bulk rows of
+// 256 B 2,823-2,917, 128 B 2,638, contiguous 2,770; tensor-map boxes 2,931. Yet the plugin's FP8
+// kernels on tensor-map rounds were no faster than on their cp.async rings (q|k|v 22.5 -> 23.2 µs,
+// experts 79.6 -> 80.1 µs; decode graph 7.116 -> 7.125 ms).
+using xcuda::mbar_arrive_expect_tx;
+using xcuda::mbar_init;
+using xcuda::mbar_wait;
+using xcuda::smem_addr;
+
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
     asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
-        "l"(src), "r"(bytes), "r"(smem_u32(bar))
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
 }
 
-constexpr int kBulkStageBytes = 4096;
+constexpr int kStageBytes = 4096;
+constexpr int64_t kRowBytes = kCols * 2;
+constexpr int kRounds = int(16 * kRowBytes / kStageBytes);  // a warp's 16 rows, 256 bytes of each a round
 
-template <int kSeg, int kStages>
-__global__ void __launch_bounds__(256, 2) bulk_rows(const char* w) {
+// The warp's read-back of a stage, the same for every pattern.
+__device__ __forceinline__ uint32_t read_stage(const unsigned char* stage, int lane) {
+    uint32_t acc = 0;
+#pragma unroll
+    for (int i = 0; i < kStageBytes / 16 / 32; ++i) {
+        const uint4 v = reinterpret_cast<const uint4*>(stage)[i * 32 + lane];
+        acc ^= v.x ^ v.w;
+    }
+    return acc;
+}
+
+// kMode: 0 cp.async (fragment layout), 1 bulk copies of kSeg bytes (0: one 4 KB copy), 2 tensor map.
+template <int kMode, int kSeg, int kStages>
+__global__ void __launch_bounds__(256, 2) ring_rows(const char* w, const __grid_constant__ CUtensorMap map, int64_t row0) {
     extern __shared__ __align__(1024) unsigned char ring_smem[];
     __shared__ uint64_t bars[8][kStages];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    constexpr int64_t kRowBytes = kCols * 2;
-    // Warp tile: 16 rows of one expert (tiles laid out as the grouped kernels': 256 blocks of 8 warps).
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const int64_t tile = int64_t(blockIdx.x) * 8 + warp;
     const char* rows = w + tile * 16 * kRowBytes;
-    unsigned char* ring = ring_smem + warp * kStages * kBulkStageBytes;
-    if (lane == 0)
-        for (int s = 0; s < kStages; ++s) bar_init(&bars[warp][s]);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    unsigned char* ring = ring_smem + warp * kStages * kStageBytes;
+    if (kMode != 0 && lane == 0) {
+        for (int s = 0; s < kStages; ++s) mbar_init(&bars[warp][s], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
     __syncwarp();
-    constexpr int kSegBytes = kSeg == 0 ? kBulkStageBytes : kSeg;
-    constexpr int kRounds = int(16 * kRowBytes / kBulkStageBytes);
     const auto issue = [&](int round) {
         const int s = round % kStages;
-        if (lane == 0) bar_expect(&bars[warp][s], kBulkStageBytes);
+        unsigned char* stage = ring + s * kStageBytes;
+        if constexpr (kMode == 0) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q)  // 64-byte quarters of the rows' 256 bytes
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = g + 8 * h, col = round * 256 + q * 64 + c * 16;
+                    xcuda::cp_async16_stream(reinterpret_cast<uint4*>(stage + r * 256 + q * 64 + c * 16),
+                                             rows + r * kRowBytes + col);
+                }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+            return;
+        }
+        if (lane == 0) mbar_arrive_expect_tx(&bars[warp][s], kStageBytes);
         __syncwarp();
-        if constexpr (kSeg == 0) {
-            if (lane == 0) bulk_copy(ring + s * kBulkStageBytes, rows + int64_t(round) * kBulkStageBytes, kSegBytes, &bars[warp][s]);
+        if constexpr (kMode == 2) {
+            if (lane == 0)
+                for (int b = 0; b < 2; ++b)
+                    xcuda::tma_load_2d(stage + b * 2048, &map, round * 256 + b * 128, int(row0 + tile * 16), &bars[warp][s]);
+        } else if constexpr (kSeg == 0) {
+            if (lane == 0) bulk_copy(stage, rows + int64_t(round) * kStageBytes, kStageBytes, &bars[warp][s]);
         } else {
-            // kCopies copies: lane i takes row i % 16, part i / 16 of the row's 256-byte segment.
-            constexpr int kCopies = kBulkStageBytes / kSeg;
-            if (lane < kCopies) {
-                const int row = lane % 16, part = lane / 16;
-                bulk_copy(ring + s * kBulkStageBytes + row * 256 + part * kSeg,
-                          rows + row * kRowBytes + round * 256 + part * kSeg, kSeg, &bars[warp][s]);
-            }
-        }
-    };
-    for (int r = 0; r < kStages && r < kRounds; ++r) issue(r);
-    uint32_t acc = 0;
-    for (int r = 0; r < kRounds; ++r) {
-        const int s = r % kStages;
-        bar_wait(&bars[warp][s], unsigned(r / kStages) & 1);
-        const uint4* stage = reinterpret_cast<const uint4*>(ring + s * kBulkStageBytes);
-#pragma unroll
-        for (int i = 0; i < kBulkStageBytes / 16 / 32; ++i) {
-            const uint4 v = stage[i * 32 + lane];
-            acc ^= v.x ^ v.w;
-        }
-        __syncwarp();
-        if (r + kStages < kRounds) issue(r + kStages);
-    }
-    if (acc == 0x9e3779b9u) g_sink = acc;
-}
-
-// The same ring through a 2-D tensor map (the matrix as [rows][4096] bytes, boxes of 16 rows ×
-// 128 bytes, 128-byte swizzle as the mma fragments would want it): a stage is two boxes, both
-// issued by lane 0.
-__global__ void __launch_bounds__(256, 2) tensor_rows(const __grid_constant__ CUtensorMap map, int64_t row0) {
-    extern __shared__ __align__(1024) unsigned char ring_smem[];
-    constexpr int kStages = 3;
-    __shared__ uint64_t bars[8][kStages];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    constexpr int64_t kRowBytes = kCols * 2;
-    const int row = int(row0 + (int64_t(blockIdx.x) * 8 + warp) * 16);
-    unsigned char* ring = ring_smem + warp * kStages * kBulkStageBytes;
-    if (lane == 0)
-        for (int s = 0; s < kStages; ++s) bar_init(&bars[warp][s]);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    __syncwarp();
-    constexpr int kRounds = int(16 * kRowBytes / kBulkStageBytes);
-    const auto issue = [&](int round) {
-        const int s = round % kStages;
-        if (lane == 0) {
-            bar_expect(&bars[warp][s], kBulkStageBytes);
-#pragma unroll
-            for (int b = 0; b < 2; ++b)
-                asm volatile(
-                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
-                    "%3}], [%4];" ::"r"(smem_u32(ring + s * kBulkStageBytes + b * 2048)),
-                    "l"(reinterpret_cast<uint64_t>(&map)), "r"(round * 256 + b * 128), "r"(row),
-                    "r"(smem_u32(&bars[warp][s]))
-                    : "memory");
+            constexpr int kCopies = kStageBytes / kSeg;  // lane i: row i % 16, part i / 16 of its 256 bytes
+            if (lane < kCopies)
+                bulk_copy(stage + (lane % 16) * 256 + (lane / 16) * kSeg,
+                          rows + (lane % 16) * kRowBytes + round * 256 + (lane / 16) * kSeg, kSeg, &bars[warp][s]);
         }
     };
     for (int r = 0; r < kStages; ++r) issue(r);
     uint32_t acc = 0;
     for (int r = 0; r < kRounds; ++r) {
         const int s = r % kStages;
-        bar_wait(&bars[warp][s], unsigned(r / kStages) & 1);
-        const uint4* stage = reinterpret_cast<const uint4*>(ring + s * kBulkStageBytes);
-#pragma unroll
-        for (int i = 0; i < kBulkStageBytes / 16 / 32; ++i) {
-            const uint4 v = stage[i * 32 + lane];
-            acc ^= v.x ^ v.w;
+        if constexpr (kMode == 0) {
+            asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1) : "memory");
+            __syncwarp();
+        } else {
+            mbar_wait(&bars[warp][s], unsigned(r / kStages) & 1);
         }
+        acc ^= read_stage(ring + s * kStageBytes, lane);
         __syncwarp();
         if (r + kStages < kRounds) issue(r + kStages);
-    }
-    if (acc == 0x9e3779b9u) g_sink = acc;
-}
-
-// The same per-warp ring filled by 16-byte cp.async per lane (the plugin's FP8 streams today):
-// a stage is 16 rows × 256 bytes, lane (r, q) = (lane / 2, lane % 2) copies 8 chunks of row r.
-template <int kStages>
-__global__ void __launch_bounds__(256, 2) cp_async_rows(const char* w) {
-    extern __shared__ __align__(1024) unsigned char ring_smem[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    constexpr int64_t kRowBytes = kCols * 2;
-    const int64_t tile = int64_t(blockIdx.x) * 8 + warp;
-    const char* rows = w + tile * 16 * kRowBytes;
-    unsigned char* ring = ring_smem + warp * kStages * kBulkStageBytes;
-    constexpr int kRounds = int(16 * kRowBytes / kBulkStageBytes);
-    const int row = lane / 2, half = lane % 2;
-    const auto issue = [&](int round) {
-        const int s = round % kStages;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int chunk = half * 8 + i;  // 16-byte chunk of the row's 256-byte segment
-            xcuda::cp_async16_stream(reinterpret_cast<uint4*>(ring + s * kBulkStageBytes + row * 256 + chunk * 16),
-                                     rows + row * kRowBytes + int64_t(round) * 256 + chunk * 16);
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-    for (int r = 0; r < kStages; ++r) issue(r);
-    uint32_t acc = 0;
-    for (int r = 0; r < kRounds; ++r) {
-        const int s = r % kStages;
-        asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1) : "memory");
-        __syncwarp();
-        const uint4* stage = reinterpret_cast<const uint4*>(ring + s * kBulkStageBytes);
-#pragma unroll
-        for (int i = 0; i < kBulkStageBytes / 16 / 32; ++i) {
-            const uint4 v = stage[i * 32 + lane];
-            acc ^= v.x ^ v.w;
-        }
-        __syncwarp();
-        if (r + kStages < kRounds) issue(r + kStages);
-        else asm volatile("cp.async.commit_group;" ::: "memory");  // keep the group count
+        else if (kMode == 0) asm volatile("cp.async.commit_group;" ::: "memory");  // keeps the group count
     }
     if (acc == 0x9e3779b9u) g_sink = acc;
 }
@@ -295,43 +231,33 @@ int main() {
     report("grouped (64 B of 8 rows per load)", best_us([&](int i) { grouped<false, false><<<tiles, 256>>>(copy(i)); }));
     report("grouped, .L2::128B", best_us([&](int i) { grouped<false, true><<<tiles, 256>>>(copy(i)); }));
     report("row-contiguous (16 rows x 512 B)", best_us([&](int i) { grouped<true, false><<<tiles, 256>>>(copy(i)); }));
-    // Per-warp rings in shared memory: 3 stages of 4 KB a warp, two 8-warp blocks a SM (96 KB each).
-    const unsigned bulk_blocks = unsigned(kExperts * kRows / 16 / 8);
+    // Per-warp rings in shared memory: 4 KB stages, two 8-warp blocks a SM (but 5 stages: one).
+    CUtensorMap map{};
+    const int64_t rows_total = int64_t(kCopies) * kExperts * kRows;
+    const cuuint64_t dims[2] = {cuuint64_t(kRowBytes), cuuint64_t(rows_total)};
+    const cuuint64_t strides[1] = {cuuint64_t(kRowBytes)};
+    const cuuint32_t box[2] = {128, 16}, element_strides[2] = {1, 1};
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = xcuda::tensor_map_encoder();
+    const bool have_map = encode && encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, copies, dims, strides, box,
+                                           element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    const unsigned ring_blocks = unsigned(kExperts * kRows / 16 / 8);
     const auto ring_run = [&](const char* name, auto kernel, int stages) {
-        const int smem = 8 * stages * kBulkStageBytes;
+        const int smem = 8 * stages * kStageBytes;
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        report(name, best_us([&](int i) { kernel<<<bulk_blocks, 256, smem>>>(copy(i)); }));
+        report(name, best_us([&](int i) {
+                   kernel<<<ring_blocks, 256, smem>>>(copy(i), map, int64_t(i % kCopies) * kExperts * kRows);
+               }));
     };
-    ring_run("cp.async ring (16 B a lane, 3 x 4 KB)", cp_async_rows<3>, 3);
-    ring_run("bulk ring, 16 rows x 256 B (3 x 4 KB)", bulk_rows<256, 3>, 3);
-    ring_run("bulk ring, 16 rows x 256 B (2 x 4 KB)", bulk_rows<256, 2>, 2);
-    ring_run("bulk ring, contiguous 4 KB (3 x 4 KB)", bulk_rows<0, 3>, 3);
-    ring_run("bulk ring, 32 copies of 128 B (3 x 4 KB)", bulk_rows<128, 3>, 3);
-    ring_run("bulk ring, 16 rows x 256 B (5 x 4 KB)", bulk_rows<256, 5>, 5);
-    {
-        void* fn = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        CUtensorMap map{};
-        const int64_t rows_total = int64_t(kCopies) * kExperts * kRows;
-        const cuuint64_t dims[2] = {cuuint64_t(kCols * 2), cuuint64_t(rows_total)};
-        const cuuint64_t strides[1] = {cuuint64_t(kCols * 2)};
-        const cuuint32_t box[2] = {128, 16}, element_strides[2] = {1, 1};
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
-                cudaSuccess &&
-            found == cudaDriverEntryPointSuccess &&
-            reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
-                &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, copies, dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS) {
-            const int smem = 8 * 3 * kBulkStageBytes;
-            cudaFuncSetAttribute(tensor_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-            report("tensor-map ring, 2 boxes 16 x 128 B (3 x 4 KB)", best_us([&](int i) {
-                       tensor_rows<<<bulk_blocks, 256, smem>>>(map, int64_t(i % kCopies) * kExperts * kRows);
-                   }));
-        } else {
-            std::printf("tensor-map ring: cannot encode the tensor map\n");
-        }
-    }
+    ring_run("cp.async ring, fragment layout (3 x 4 KB)", ring_rows<0, 0, 3>, 3);
+    ring_run("bulk ring, 16 rows x 256 B (2 x 4 KB)", ring_rows<1, 256, 2>, 2);
+    ring_run("bulk ring, 16 rows x 256 B (3 x 4 KB)", ring_rows<1, 256, 3>, 3);
+    ring_run("bulk ring, 16 rows x 256 B (5 x 4 KB)", ring_rows<1, 256, 5>, 5);
+    ring_run("bulk ring, 32 copies of 128 B (3 x 4 KB)", ring_rows<1, 128, 3>, 3);
+    ring_run("bulk ring, contiguous 4 KB (3 x 4 KB)", ring_rows<1, 0, 3>, 3);
+    if (have_map) ring_run("tensor-map ring, 2 boxes 16 x 128 B (3 x 4 KB)", ring_rows<2, 0, 3>, 3);
+    else std::printf("tensor-map ring: the driver could not encode the tensor map\n");
     const cudaError_t err = cudaDeviceSynchronize();
     if (err != cudaSuccess) {
         std::fprintf(stderr, "cuda-stream-patterns: %s\n", cudaGetErrorString(err));
