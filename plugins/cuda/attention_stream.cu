@@ -172,26 +172,6 @@ __device__ void merge_splits_in_kernel(const DecodeArgs& a, const BlockRows& b, 
     }
 }
 
-// The block's prologue reads four host-written arrays one after another, each read's index
-// coming from the one before (cu_q_lens for its row tile, then kv_lens, positions, the page-table
-// entries of its keys): four round trips to L2 before the first page is requested. Asked for at
-// once into L1, a line a thread, they should cost one: cu_q_lens, kv_lens and positions whole, and
-// at one sequence its whole page-table row (at most 256 lines). XINFER_CUDA_ATTN_PROLOGUE_PREFETCH=1
-// (session 33's 77eff59; an experiment, off by default).
-__device__ __forceinline__ void prefetch_prologue_reads(const DecodeArgs& a) {
-    constexpr int kLine = 32;  // int32 a 128-byte line
-    int t = int(threadIdx.x);
-    const auto take = [&](const int32_t* base, int64_t n) {
-        const int k = int((n + kLine - 1) / kLine);
-        if (t >= 0 && t < k) asm volatile("prefetch.global.L1 [%0];" ::"l"(base + int64_t(t) * kLine));
-        t -= k;
-    };
-    take(a.cu_q_lens, a.n_seqs + 1);
-    take(a.kv_lens, a.n_seqs);
-    take(a.positions, a.T);
-    if (a.n_seqs == 1) take(a.page_table, a.max_pages);
-}
-
 template <int kDk, int kDv, int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     attention_stream_kernel(DecodeArgs a, const __grid_constant__ PageMaps maps, int* merge_counters) {
@@ -201,7 +181,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
     if (!a.early_kv) pdl_wait();
-    if (a.prefetch_prologue) prefetch_prologue_reads(a);
     auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q);
     auto* bars = reinterpret_cast<uint64_t*>(smem + L.bars);
     auto* tok_lo = reinterpret_cast<int*>(smem + L.lo);
@@ -554,8 +533,6 @@ int attention_stream(Context* c, DecodeArgs& a, int64_t cache_pages, int64_t key
         return XINFER_UNSUPPORTED;
     const bool mimo = a.dk == 192 && a.dv == 128, qwen = a.dk == 128 && a.dv == 128;
     if (!mimo && !qwen) return XINFER_UNSUPPORTED;
-    static const bool prefetch_prologue = env_flag("XINFER_CUDA_ATTN_PROLOGUE_PREFETCH", false);
-    a.prefetch_prologue = prefetch_prologue;
     PageMaps maps;
     if (!encode_page_map(&maps.k, a.k_cache, cache_pages, a.nkv, a.dk, a.k_page_stride) ||
         !encode_page_map(&maps.v, a.v_cache, cache_pages, a.nkv, a.dv, a.v_page_stride))

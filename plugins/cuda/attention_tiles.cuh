@@ -23,7 +23,6 @@ struct DecodeArgs : AttnArgs {
     int tile_rows;     // query rows per split-KV block: 16 or 64
     bool q_vec;        // bf16 q rows that may be loaded 16 bytes at a time
     bool early_kv;     // load the keys before the batch's own tokens before pdl_wait
-    bool prefetch_prologue;  // attention_stream_kernel: its metadata reads asked of L1 at once
 };
 
 // Launches attention_prefill_kernel for `a` (n_split = 1, bf16 q / caches / out with 16-byte
