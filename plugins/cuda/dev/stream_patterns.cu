@@ -95,7 +95,8 @@ __global__ void __launch_bounds__(256, 2) grouped(const char* w) {
 //     kSeg = 0 one contiguous 4 KB copy (lane 0);
 //   - two 2-D tensor-map boxes of 16 rows × 128 bytes, 128-byte swizzle (lane 0).
 // H100 (2026-12-07, session 36): memcpy 2,893 GB/s; grouped with the hint 2,778; bulk rows of
-// 256 B 2,823-2,917, 128 B 2,638, contiguous 2,770; tensor-map boxes 2,931. Yet the plugin's FP8
+// 256 B 2,823-2,917, 128 B 2,612-2,638, contiguous 2,770-2,871; tensor-map boxes 2,869-2,931; the
+// cp.async ring in the plugin's layout 2,857 (measured beside the 2,869). And the plugin's FP8
 // kernels on tensor-map rounds were no faster than on their cp.async rings (q|k|v 22.5 -> 23.2 µs,
 // experts 79.6 -> 80.1 µs; decode graph 7.116 -> 7.125 ms).
 using xcuda::mbar_arrive_expect_tx;
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(256, 2) ring_rows(const char* w, const __grid_
     unsigned char* ring = ring_smem + warp * kStages * kStageBytes;
     if (kMode != 0 && lane == 0) {
         for (int s = 0; s < kStages; ++s) mbar_init(&bars[warp][s], 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        xcuda::fence_mbarrier_init();
     }
     __syncwarp();
     const auto issue = [&](int round) {
