@@ -29,6 +29,7 @@
 #include "gemm.h"
 #include "moe_common.cuh"
 #include "moe_route.cuh"
+#include "moe_split_i.h"
 #include "moe_staged.h"
 
 #include "device_utils.cuh"
@@ -1228,10 +1229,15 @@ int run_moe_experts(Context* c, const xinfer_op* op, bool run, const RouteArgs* 
         // shared memory (moe_staged.cu) in passes of up to 64 pairs.
         const int64_t busiest = std::min(T, 3 * ceil_div(P, touched));
         const bool staged = !any_fp8 && busiest > 8 && moe_staged_enabled() && moe_staged_fits(P, E, H, I);
+        // One FP8 token: gate_up and down in one kernel split by I (moe_split_i.cu).
+        const bool split_i = T == 1 && gu_fp8 && dn_fp8 && moe_ring_enabled() && moe_split_i_enabled() &&
+                             moe_split_i_fits(H, I, int(br), int(bc));
         ScratchPlan plan;
         const size_t off_x = convert_x ? plan.add(size_t(T * H) * 2) : 0;
         const size_t off_h = plan.add(size_t(P * I) * 2);
         const size_t off_dn = staged ? plan.add(size_t(P * H) * 4) : 0;
+        const size_t off_part = split_i ? plan.add(moe_split_i_partial_bytes(k, H, I)) : 0;
+        const size_t off_chosen = split_i ? plan.add(size_t(k) * 8) : 0;  // [top_k] ids, then [top_k] weights
         if (int rc = ensure_scratch(c, plan.total)) return rc;
         char* s = c->scratch;
         GroupedArgs a{};
@@ -1280,6 +1286,30 @@ int run_moe_experts(Context* c, const xinfer_op* op, bool run, const RouteArgs* 
                                          .dn = reinterpret_cast<float*>(s + off_dn),
                                          .out = a.out,
                                          .out_dtype = a.out_dtype});
+        if (split_i)
+            return launch_moe_split_i(c, {.x = a.x,
+                                          .ids = a.ids,
+                                          .weights = a.weights,
+                                          .top_k = a.top_k,
+                                          .E = a.E,
+                                          .gate_up = static_cast<const uint8_t*>(a.gate_up),
+                                          .gate_up_scale = a.gate_up_scale,
+                                          .gu_scale_rows = a.gu_scale_rows,
+                                          .gu_scale_cols = a.gu_scale_cols,
+                                          .down = static_cast<const uint8_t*>(a.down),
+                                          .down_scale = a.down_scale,
+                                          .dn_scale_rows = a.dn_scale_rows,
+                                          .dn_scale_cols = a.dn_scale_cols,
+                                          .block_rows = a.block_rows,
+                                          .block_cols = a.block_cols,
+                                          .I = I,
+                                          .H = H,
+                                          .partial = reinterpret_cast<float*>(s + off_part),
+                                          .chosen = reinterpret_cast<int32_t*>(s + off_chosen),
+                                          .chosen_weight = reinterpret_cast<float*>(s + off_chosen) + k,
+                                          .out = a.out,
+                                          .out_dtype = a.out_dtype,
+                                          .route = a.route});
         if (busiest <= 8) return launch_grouped<1>(c, a, gu_fp8, dn_fp8);
         if (busiest <= 16) return launch_grouped<2>(c, a, gu_fp8, dn_fp8);
         return launch_grouped<4>(c, a, gu_fp8, dn_fp8);
