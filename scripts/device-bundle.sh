@@ -27,7 +27,9 @@ for name in cpp-httplib openssl libssl libcrypto zlib libbrotlicommon libbrotlid
     file=$(pkg-config --variable=pcfiledir "$name" 2>/dev/null)/$name.pc
     [ -f "$file" ] && cp "$file" "$pc/"
 done
-PKG_CONFIG_LIBDIR=$pc cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DXINFER_NATIVE=OFF >/dev/null
+# (-U: pkg-config's cached answers, so that a build directory once configured with ICU drops it.)
+PKG_CONFIG_LIBDIR=$pc cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DXINFER_NATIVE=OFF \
+    -U __pkg_config_checked_ICU -U 'ICU_*' -U 'pkgcfg_lib_ICU_*' >/dev/null
 targets=(xinfer test_models test_spec test_http xinfer-cuda cuda-op-check)
 cmake --build build-dev -j"$(nproc)" --target "${targets[@]}"
 rm -rf .dev/bin .dev/lib .dev/plugin
