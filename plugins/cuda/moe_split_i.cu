@@ -35,9 +35,9 @@ constexpr int kTiles = 4, kWarps = 2 * kTiles, kRowsPerBlock = 16 * kTiles;  // 
 // gate_up kernel's one-token shape.
 constexpr int kGateU = 2, kGateRing = 3;
 constexpr int kGateRingVecs = kGateRing * 4 * kGateU * 32;  // 16-byte slots of one warp's ring
-// Down's ring: one 16-row × 64-byte tile (1 KB a warp) a round, in the warp's gate_up ring.
-constexpr int kDownRing = 8;
-static_assert(kDownRing * 2 * 32 <= kGateRingVecs, "down's ring fits in the warp's gate_up ring");
+// Down's ring: one 16-row × 64-byte tile (1 KB a warp) a round, kDownRing slots in the warp's
+// gate_up ring (8 by default; XINFER_CUDA_MOE_SPLIT_I_RING=4 / 12 for A/B).
+constexpr int kMaxDownRing = kGateRingVecs / (2 * 32);
 // x staged as f16 for the f16 mma (stage_act_f16) while it takes at most this much.
 constexpr size_t kXSmemMaxBytes = 16 * 1024;
 constexpr int kSumWarps = 8;
@@ -61,7 +61,9 @@ struct DownTileRounds {
     }
 };
 
+template <int kDownRing>
 __global__ void __launch_bounds__(kWarps * 32, 2) moe_split_i_kernel(const SplitIMoe a) {
+    static_assert(kDownRing <= kMaxDownRing, "down's ring fits in the warp's gate_up ring");
     extern __shared__ __align__(16) uint4 smem[];  // the warps' rings, then x as f16 [H] and its scale
     __shared__ float partner[kTiles][8][32];        // the H half of warps (tile, 1): gate and up sums
     __shared__ __align__(16) __nv_bfloat16 h_chunk[kRowsPerBlock];
@@ -248,10 +250,12 @@ int launch_moe_split_i(Context* c, const SplitIMoe& a) {
         args.route.scratch_offset = 0;
         smem = std::max(smem, route_smem_bytes(a.E, a.route.params));
     }
+    static const int64_t ring = env_int("XINFER_CUDA_MOE_SPLIT_I_RING", 8);
+    auto kernel = ring == 4 ? moe_split_i_kernel<4> : ring == 12 ? moe_split_i_kernel<12> : moe_split_i_kernel<8>;
     if (smem > 48 * 1024)
-        XCUDA_TRY(c, cudaFuncSetAttribute(moe_split_i_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int parts = int(a.I / kRowsPerBlock);
-    if (int rc = launch_pdl(c, "moe_split_i_kernel", moe_split_i_kernel, dim3(unsigned(parts), unsigned(a.top_k)),
+    if (int rc = launch_pdl(c, "moe_split_i_kernel", kernel, dim3(unsigned(parts), unsigned(a.top_k)),
                             dim3(kWarps * 32), smem, args))
         return rc;
     return launch_pdl(c, "moe_split_i_sum_kernel", moe_split_i_sum_kernel, dim3(unsigned(ceil_div(a.H, 32))),
