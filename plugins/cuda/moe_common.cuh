@@ -1,10 +1,11 @@
-// Device pieces shared by the expert kernels of moe.cu and moe_staged.cu: the in-block grouping
-// of (token, slot) pairs by expert and the slot-order combine (the tensor-core weight stream
-// pieces are in weight_stream.cuh).
+// Device pieces shared by the expert kernels of moe.cu, moe_staged.cu and moe_prefill.cu: the
+// in-block grouping of (token, slot) pairs by expert, the tiled path's sort of pairs by expert and
+// the slot-order combine (the tensor-core weight stream pieces are in weight_stream.cuh).
 #pragma once
 
 #include "common.h"
 #include "device_utils.cuh"
+#include "gemm.h"
 #include "weight_stream.cuh"
 
 #include <cstdint>
@@ -83,6 +84,44 @@ __device__ int routed_token_plan(const int* chosen /*[top_k]*/, int top_k, int* 
     }
     __syncthreads();
     return nd;
+}
+
+// The tiled path's sort of (token, slot) pairs by expert (moe.cu's tiled GEMMs and moe_prefill.cu):
+// counts per expert, then one block's offsets and ≤ kGemmTileM-row tiles, then the scatter.
+__global__ void count_kernel(const int32_t* ids /*[P]*/, int64_t P, int E, int32_t* counts /*[E]*/) {
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < P; p += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t e = ids[p];
+        if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+    }
+}
+
+// One block: offsets, per-expert tile lists, scatter cursors.
+__global__ void plan_kernel(const int32_t* counts /*[E]*/, int E, int32_t* cursor /*[E]*/,
+                            int32_t* tile_offset /*[E]*/, int4* tiles /*[max_tiles]*/, int32_t* n_tiles) {
+    if (threadIdx.x == 0) {
+        int32_t rows = 0, n = 0;
+        for (int e = 0; e < E; ++e) {
+            cursor[e] = rows;
+            tile_offset[e] = n;
+            rows += counts[e];
+            n += (counts[e] + kGemmTileM - 1) / kGemmTileM;
+        }
+        *n_tiles = n;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const int32_t begin = cursor[e], end = begin + counts[e];
+        int32_t slot = tile_offset[e];
+        for (int32_t r = begin; r < end; r += kGemmTileM) tiles[slot++] = make_int4(e, r, min(end, r + kGemmTileM), 0);
+    }
+}
+
+__global__ void scatter_kernel(const int32_t* ids /*[P]*/, int64_t P, int E, int32_t* cursor /*[E]*/,
+                               int32_t* sorted /*[P]*/) {
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < P; p += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t e = ids[p];
+        if (e >= 0 && e < E) sorted[atomicAdd(&cursor[e], 1)] = int32_t(p);
+    }
 }
 
 // Shared memory of the plan, in ints.

@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kSumWarps * 32) moe_split_i_sum_kernel(const f
                                                                        int out_dtype) {
     __shared__ float by_warp[kSumWarps][32];
     __shared__ int bad;
-    pdl_begin();
+    pdl_begin();  // (triggering the next grid before the wait lost in the small kernels: session 19)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t n = int64_t(blockIdx.x) * 32 + lane;
     if (threadIdx.x == 0) bad = 0;
