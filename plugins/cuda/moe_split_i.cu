@@ -61,7 +61,31 @@ struct DownTileRounds {
     }
 };
 
-template <int kDownRing>
+// The lane's h fragment (16 bf16 of the block's 64, in xw) as f16 times 2^shift, shift from the
+// largest |h| of the 64 (the quad's lanes hold them all) as stage_act_f16 picks it; inv = 2^-shift.
+__device__ __forceinline__ void hw_to_f16(uint32_t (&xw)[8], float& inv) {
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&xw[i]));
+        m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const int shift = stage_shift(__float_as_int(m));
+    const float up = __int_as_float((127 + shift) << 23);
+    inv = __int_as_float((127 - shift) << 23);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&xw[i]));
+        const __half2 h = __floats2half2_rn(f.x * up, f.y * up);
+        xw[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+}
+
+// kF16Down: down's e4m3 weights widen to f16 (one conversion a pair instead of three through f32
+// to bf16) for the f16 mma, against h scaled by a power of two into f16's range.
+template <int kDownRing, bool kF16Down>
 __global__ void __launch_bounds__(kWarps * 32, 2) moe_split_i_kernel(const SplitIMoe a) {
     static_assert(kDownRing <= kMaxDownRing, "down's ring fits in the warp's gate_up ring");
     extern __shared__ __align__(16) uint4 smem[];  // the warps' rings, then x as f16 [H] and its scale
@@ -172,6 +196,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) moe_split_i_kernel(const Split
 
     uint32_t hw[8];  // the lane's h fragment, the same in every round: h[16c .. 16c + 16)
     load_x_frag<true, kActShared>(hw, h_chunk, c * 16, true);
+    float h_inv = 1.f;  // undoes the f16 fragment's scale on the sums
+    if constexpr (kF16Down) hw_to_f16(hw, h_inv);
     float* part = a.partial + (int64_t(j) * (I / kRowsPerBlock) + ib) * H;
     const float* scale_dn = a.down_scale + int64_t(e) * a.dn_scale_rows * a.dn_scale_cols + col0 / a.block_cols;
     const ColBlock row_block_of(a.block_rows);
@@ -179,12 +205,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) moe_split_i_kernel(const Split
         uint4 r0[1], r1[1];
     };
     const auto use_down = [&](const DownRound& w, int64_t n0) {
-        AFrag<true> f;
+        AFrag<true, kF16Down> f;
         f.set(w.r0[0], w.r1[0]);
         float t[4] = {0.f, 0.f, 0.f, 0.f};
         f.mma(t, hw);
         const float s = __ldg(scale_dn + int64_t(row_block_of(n0)) * a.dn_scale_cols);
-        if (c < 2) part[n0 + g + 8 * c] = (c == 0 ? t[0] : t[2]) * s;  // rows n0 + g and n0 + g + 8
+        if (c < 2) part[n0 + g + 8 * c] = (c == 0 ? t[0] : t[2]) * (s * h_inv);  // rows n0 + g and n0 + g + 8
     };
     stream_rounds_ring<kDownRing, DownRound>(warp * 16, H, kWarps * 16, ring, lane, down_loads, use_down, true);
 }
@@ -251,7 +277,9 @@ int launch_moe_split_i(Context* c, const SplitIMoe& a) {
         smem = std::max(smem, route_smem_bytes(a.E, a.route.params));
     }
     static const int64_t ring = env_int("XINFER_CUDA_MOE_SPLIT_I_RING", 8);
-    auto kernel = ring == 4 ? moe_split_i_kernel<4> : ring == 12 ? moe_split_i_kernel<12> : moe_split_i_kernel<8>;
+    static const bool f16 = env_flag("XINFER_CUDA_MOE_SPLIT_I_F16", false);
+    auto kernel = f16 ? moe_split_i_kernel<8, true>
+                  : ring == 4 ? moe_split_i_kernel<4, false> : ring == 12 ? moe_split_i_kernel<12, false> : moe_split_i_kernel<8, false>;
     if (smem > 48 * 1024)
         XCUDA_TRY(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int parts = int(a.I / kRowsPerBlock);
