@@ -171,9 +171,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2) moe_split_i_kernel(const Split
     // The ring is drained and each lane refills only its own slots, so the first down rounds go
     // out now, before the block waits for h.
     const int64_t col0 = int64_t(ib) * kRowsPerBlock;
+    constexpr int kTileStep = kWarps * 16;  // rows between a warp's tiles
     const char* dn = reinterpret_cast<const char*>(a.down) + int64_t(e) * H * I;
-    DownTileRounds down_loads{dn + (warp * 16 + g) * I + col0 + c * 16, warp * 16, H, kWarps * 16, I};
+    DownTileRounds down_loads{dn + (warp * 16 + g) * I + col0 + c * 16, warp * 16, H, kTileStep, I};
     ring_issue_first<kDownRing>(down_loads, ring, lane);
+    // Down's scales: one per row tile, each round's in another scale row (a cache line apart), so
+    // lane k fetches the warp's k-th now, while the block waits for h, and rounds take them by
+    // shuffle; rounds past the 32nd load their own.
+    const float* scale_dn = a.down_scale + int64_t(e) * a.dn_scale_rows * a.dn_scale_cols + col0 / a.block_cols;
+    const ColBlock row_block_of(a.block_rows);
+    const auto tile_scale = [&](int64_t n0) { return __ldg(scale_dn + int64_t(row_block_of(n0)) * a.dn_scale_cols); };
+    const int64_t lane_tile = warp * 16 + int64_t(lane) * kTileStep;
+    const float lane_scale = lane_tile < H ? tile_scale(lane_tile) : 0.f;
 
     // Accumulator r: row i0 + g (+8 for r ≥ 2), mma column 2c + (r & 1); every column is the token.
     if (half == 1) {
@@ -199,8 +208,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) moe_split_i_kernel(const Split
     float h_inv = 1.f;  // undoes the f16 fragment's scale on the sums
     if constexpr (kF16Down) hw_to_f16(hw, h_inv);
     float* part = a.partial + (int64_t(j) * (I / kRowsPerBlock) + ib) * H;
-    const float* scale_dn = a.down_scale + int64_t(e) * a.dn_scale_rows * a.dn_scale_cols + col0 / a.block_cols;
-    const ColBlock row_block_of(a.block_rows);
     struct DownRound {
         uint4 r0[1], r1[1];
     };
@@ -209,10 +216,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) moe_split_i_kernel(const Split
         f.set(w.r0[0], w.r1[0]);
         float t[4] = {0.f, 0.f, 0.f, 0.f};
         f.mma(t, hw);
-        const float s = __ldg(scale_dn + int64_t(row_block_of(n0)) * a.dn_scale_cols);
+        const int round = int((n0 - warp * 16) / kTileStep);  // warp-uniform
+        const float held = __shfl_sync(0xffffffffu, lane_scale, round & 31);
+        const float s = round < 32 ? held : tile_scale(n0);
         if (c < 2) part[n0 + g + 8 * c] = (c == 0 ? t[0] : t[2]) * (s * h_inv);  // rows n0 + g and n0 + g + 8
     };
-    stream_rounds_ring<kDownRing, DownRound>(warp * 16, H, kWarps * 16, ring, lane, down_loads, use_down, true);
+    stream_rounds_ring<kDownRing, DownRound>(warp * 16, H, kTileStep, ring, lane, down_loads, use_down, true);
 }
 
 // out[n] = Σ_j weight_j · Σ_ib partial[j, ib, n]. A block takes 32 columns; warp w the slots w,

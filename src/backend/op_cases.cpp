@@ -938,9 +938,11 @@ std::vector<OpCase> correctness_cases() {
     cases.push_back(moe_experts_case(24, 1032, 520, 8, 4, bf16, ++seed));
     // One fp8 token split by I (cuda moe_split_i.cu, XINFER_CUDA_MOE_SPLIT_I): H and I in whole
     // 64-column chunks; gate_up rounds cut by H's end (1,088 = 8.5 rounds of 128), more down row
-    // tiles than the ring's slots (68 tiles over 8 warps), a scale block cut by the matrix's end.
+    // tiles than the ring's slots (68 tiles over 8 warps), a scale block cut by the matrix's end;
+    // more than 32 down rounds a warp (4,160 rows: the scales past the lanes' 32).
     cases.push_back(moe_experts_fp8_case(1, 1088, 640, 8, 8, 128, 128, ++seed));
     cases.push_back(moe_experts_fp8_case(1, 2048, 192, 8, 6, 128, 128, ++seed));
+    cases.push_back(moe_experts_fp8_case(1, 4160, 64, 2, 2, 128, 128, ++seed));
     // The router and the experts as one op: one fp8 token (on cuda the expert kernels route it
     // themselves: 8 of 8 experts as the bench model, 8 of 256 and 40 of 300 with a partial chunk of
     // 32, softmax scoring; narrow experts where there are many, so the weights stay host-built),
