@@ -15,13 +15,14 @@
 // independently and the combine sums in slot order, so results are bitwise reproducible.
 //
 // Prefill chunks (P ≥ 2,048 pairs, outside graph capture) take one cuBLASLt GEMM per expert
-// instead, after reading the per-expert row counts on the host (see "many pairs").
+// instead, after reading the per-expert row counts on the host (moe_prefill.cu).
 // Few tokens (decode, verification, small serving batches; bf16 or FP8 block-scaled experts) take
 // the grouped path instead: two tensor-core weight streams that read each touched expert's weights
 // once, whatever the number of tokens that chose it (see "few-token experts grouped by expert").
 // A single bf16 token's gate_up runs on the per-pair stream kernel there (every pair has its own
 // expert, and its loads are row-contiguous; see launch_stream_gate_up). bf16 serving batches whose
-// busiest expert may see more than 8 pairs go through shared memory instead (moe_staged.cu).
+// busiest expert may see more than 8 pairs go through shared memory instead (moe_staged.cu), and
+// with XINFER_CUDA_MOE_SPLIT_I=1 one FP8 token takes one kernel split by I (moe_split_i.cu).
 // XINFER_CUDA_MOE_GROUPED=0
 // keeps the paths from before it: per-pair bf16 streams and, for fp8, the GEMV kernel (gemm.cu:
 // each pair's rows straight from ids, one warp per output column) for P ≤ kGemvMaxPairs;
