@@ -30,12 +30,15 @@ for arg in "$@"; do
 done
 status=0
 note() { echo "$*" | tee -a "$summary"; }
-# Another ops-test pass with one environment setting (a switch that keeps an older kernel path
-# reachable, or opt-in cases): ops_test_with VAR=VALUE LOG WHAT [ops-test arguments...]
+# Another ops-test pass with environment settings (a switch that keeps an older kernel path
+# reachable, an opt-in path, or opt-in cases):
+#   ops_test_with VAR=VALUE[,VAR=VALUE...] LOG WHAT [ops-test arguments...]
 ops_test_with() {
     local setting=$1 log=$2 what=$3
     shift 3
-    env "$setting" build/bin/xinfer ops-test --backend cuda "$@" >"$OUT/$log" 2>&1
+    local -a settings
+    IFS=, read -ra settings <<<"$setting"
+    env "${settings[@]}" build/bin/xinfer ops-test --backend cuda "$@" >"$OUT/$log" 2>&1
     local rc=$?
     [ "$rc" = 0 ] || status=1
     note "xinfer ops-test --backend cuda $*, $what ($setting): rc $rc: $(grep -E 'passed' "$OUT/$log" | tail -1)"
@@ -126,6 +129,12 @@ if [ $engine = 1 ]; then
             # FP8 experts with one token tile stream through shared-memory rings; their pipelined
             # register path stays the fallback.
             ops_test_with XINFER_CUDA_MOE_RING=0 ops-test-moe-no-ring.log "register rounds" --op moe_experts
+            # One FP8 token's experts split by I (moe_split_i.cu, opt-in until measured faster), with its
+            # bf16 and f16 down rounds.
+            ops_test_with XINFER_CUDA_MOE_SPLIT_I=1 ops-test-moe-split-i.log "split by I" \
+                --op moe_experts,moe_route_experts
+            ops_test_with XINFER_CUDA_MOE_SPLIT_I=1,XINFER_CUDA_MOE_SPLIT_I_F16=1 ops-test-moe-split-i-f16.log \
+                "split by I, f16 down" --op moe_experts,moe_route_experts
             # Kernels that read host-written inputs and older keys before pdl_wait, in the old order.
             ops_test_with XINFER_CUDA_EARLY_READS=0 ops-test-late-reads.log "reads after pdl_wait" \
                 --op attention,rmsnorm,add_rmsnorm,rope,kv_store,moe_experts
